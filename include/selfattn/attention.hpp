@@ -1,0 +1,187 @@
+// selfattn/attention.hpp — the public scaled dot-product attention: validate everything, then run a kernel.
+//
+// Dimension letters: B batch, H query heads, Hkv key/value heads (H % Hkv == 0), Lq query length,
+// Lk key length, D head dim of q and k, Dv head dim of v.
+#pragma once
+
+#include <selfattn/detail/reference.hpp>
+#include <selfattn/errors.hpp>
+#include <selfattn/options.hpp>
+#include <selfattn/tensor.hpp>
+
+#include <cmath>
+#include <string>
+#include <type_traits>
+
+namespace selfattn {
+
+/// \brief What `sdpa_forward` returns.
+///
+/// out (B, H, Lq, Dv); lse (B, H, Lq): log-sum-exp of the final scores over the allowed keys (-inf for
+/// a row without any); weights (B, H, Lq, Lk), the probabilities before dropout, only when
+/// `opts.need_weights`, else empty.
+template <typename T>
+struct AttentionForward {
+  Tensor<T, 4> out;
+  Tensor<T, 3> lse;
+  Tensor<T, 4> weights;
+};
+
+namespace detail {
+
+/// Validates options against the attention shape (B, H, Lq, Lk) and throws before anything is computed.
+/// `function` names the public entry in the message.
+template <typename T>
+void validate_options(const char* function, const AttentionOptions<T>& opts, Index batch, Index heads, Index q_len,
+                      Index k_len) {
+  const std::array<Index, 4> scores_shape{batch, heads, q_len, k_len};
+  if (!opts.key_lengths.empty()) {
+    if (static_cast<Index>(opts.key_lengths.size()) != batch)
+      throw_shape_error(function, "opts.key_lengths",
+                        "expected " + std::to_string(batch) + " entries (one per batch), got " +
+                            std::to_string(opts.key_lengths.size()));
+    for (std::size_t b = 0; b < opts.key_lengths.size(); ++b)
+      if (opts.key_lengths[b] < 0 || opts.key_lengths[b] > k_len)
+        throw_invalid(function, "opts.key_lengths[" + std::to_string(b) + "]",
+                      "expected a value in [0, " + std::to_string(k_len) + "], got " + std::to_string(opts.key_lengths[b]));
+  }
+  if (opts.allowed.data()) check_broadcastable(function, "opts.allowed", opts.allowed.shape(), scores_shape);
+  if (opts.bias.data()) check_broadcastable(function, "opts.bias", opts.bias.shape(), scores_shape);
+  if (opts.window_left < -1)
+    throw_invalid(function, "opts.window_left", "expected >= -1 (-1 = unbounded), got " + std::to_string(opts.window_left));
+  if (opts.window_right < -1)
+    throw_invalid(function, "opts.window_right",
+                  "expected >= -1 (-1 = unbounded), got " + std::to_string(opts.window_right));
+  if (!opts.alibi_slopes.empty()) {
+    if (static_cast<Index>(opts.alibi_slopes.size()) != heads)
+      throw_shape_error(function, "opts.alibi_slopes",
+                        "expected " + std::to_string(heads) + " slopes (one per query head), got " +
+                            std::to_string(opts.alibi_slopes.size()));
+    for (T slope : opts.alibi_slopes)
+      if (!std::isfinite(slope)) throw_invalid(function, "opts.alibi_slopes", "expected finite slopes");
+  }
+  if (opts.scale && !std::isfinite(*opts.scale))
+    throw_invalid(function, "opts.scale", "expected a finite value, got " + std::to_string(*opts.scale));
+  if (!(opts.dropout_p >= T(0) && opts.dropout_p < T(1)))
+    throw_invalid(function, "opts.dropout_p", "expected a value in [0, 1), got " + std::to_string(opts.dropout_p));
+}
+
+/// Validates q and k: q (B, H, Lq, D), k (B, Hkv, Lk, D) with D >= 1, Hkv >= 1 and H % Hkv == 0.
+template <typename T>
+void validate_query_key(const char* function, const TensorView<const T, 4>& q, const TensorView<const T, 4>& k) {
+  if (q.dim(3) < 1) throw_shape_error(function, "q", "head dim D must be >= 1, got shape " + shape_string<4>(q.shape()));
+  check_shape<4>(function, "k", k.shape(), {q.dim(0), any_extent, any_extent, q.dim(3)});
+  if (k.dim(1) < 1 || q.dim(1) % k.dim(1) != 0)
+    throw_shape_error(function, "k",
+                      "the number of key/value heads (dim 1) must divide the " + std::to_string(q.dim(1)) +
+                          " query heads, got shape " + shape_string<4>(k.shape()));
+}
+
+/// Builds the kernel parameters from validated arguments. `opts` must outlive the result (pointers).
+template <typename T>
+AttentionParams<T> make_params(const TensorView<const T, 4>& q, const TensorView<const T, 4>& k,
+                               const TensorView<const T, 4>& v, const AttentionOptions<T>& opts) {
+  AttentionParams<T> p;
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.scale = opts.scale ? *opts.scale : T(1) / std::sqrt(static_cast<T>(q.dim(3)));
+  p.mask.q_len = q.dim(2);
+  p.mask.k_len = k.dim(2);
+  p.mask.causal = opts.causal;
+  p.mask.key_lengths = opts.key_lengths.empty() ? nullptr : opts.key_lengths.data();
+  p.mask.window_left = opts.window_left;
+  p.mask.window_right = opts.window_right;
+  if (opts.allowed.data()) p.mask.allowed = Broadcast4<bool>(opts.allowed);
+  if (opts.bias.data()) p.mask.bias = Broadcast4<T>(opts.bias);
+  p.mask.alibi_slopes = opts.alibi_slopes.empty() ? nullptr : opts.alibi_slopes.data();
+  p.dropout.p = opts.dropout_p;
+  p.dropout.seed = opts.seed;
+  return p;
+}
+
+template <typename Q, typename K, typename V>
+constexpr bool are_attention_inputs =
+    is_tensor_of_rank<Q, 4> && is_tensor_of_rank<K, 4> && is_tensor_of_rank<V, 4> &&
+    std::is_same_v<scalar_of<Q>, scalar_of<K>> && std::is_same_v<scalar_of<Q>, scalar_of<V>> &&
+    std::is_floating_point_v<scalar_of<Q>>;
+
+/// sdpa_forward on views of one element type: validate, allocate, run the kernel.
+template <typename T>
+AttentionForward<T> sdpa_forward_views(const char* function, const TensorView<const T, 4>& q,
+                                       const TensorView<const T, 4>& k, const TensorView<const T, 4>& v,
+                                       const AttentionOptions<T>& opts) {
+  validate_query_key(function, q, k);
+  check_shape<4>(function, "v", v.shape(), {k.dim(0), k.dim(1), k.dim(2), any_extent});
+  validate_options(function, opts, q.dim(0), q.dim(1), q.dim(2), k.dim(2));
+
+  AttentionForward<T> result;
+  result.out = Tensor<T, 4>({q.dim(0), q.dim(1), q.dim(2), v.dim(3)});
+  result.lse = Tensor<T, 3>({q.dim(0), q.dim(1), q.dim(2)});
+  if (opts.need_weights) result.weights = Tensor<T, 4>({q.dim(0), q.dim(1), q.dim(2), k.dim(2)});
+  reference_forward(make_params(q, k, v, opts),
+                    ForwardOutputs<T>{result.out.view(), result.lse.view(),
+                                      opts.need_weights ? result.weights.view() : TensorView<T, 4>()});
+  return result;
+}
+
+}  // namespace detail
+
+/// \brief Scaled dot-product attention: out = softmax(scale * q k^T + masks) v, with lse and optional weights.
+///
+/// Shapes: q (B, H, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv) -> out (B, H, Lq, Dv), lse (B, H, Lq),
+/// weights (B, H, Lq, Lk) when `opts.need_weights`. Query head h reads key/value head h / (H / Hkv).
+/// Arguments may be any mix of `Tensor` and `TensorView` of one element type (float or double).
+/// Throws ShapeError / std::invalid_argument on bad shapes or options (see docs/masks.md).
+/// \code
+/// Tensor<float, 4> q({1, 8, 128, 64}), k({1, 2, 128, 64}), v({1, 2, 128, 64});
+/// AttentionOptions<float> opts;
+/// opts.causal = Causal::top_left;
+/// auto fwd = sdpa_forward(q, k, v, opts);  // fwd.out (1, 8, 128, 64), fwd.lse (1, 8, 128)
+/// \endcode
+template <typename Q, typename K, typename V, typename = std::enable_if_t<detail::are_attention_inputs<Q, K, V>>>
+AttentionForward<detail::scalar_of<Q>> sdpa_forward(const Q& q, const K& k, const V& v,
+                                                    const AttentionOptions<detail::scalar_of<Q>>& opts = {}) {
+  return detail::sdpa_forward_views("sdpa_forward", detail::const_view(q), detail::const_view(k), detail::const_view(v),
+                                    opts);
+}
+
+/// \brief The attention output only: (B, H, Lq, Dv). `opts.need_weights` is ignored.
+/// \code
+/// Tensor<double, 4> o = scaled_dot_product_attention(q, k, v);
+/// \endcode
+template <typename Q, typename K, typename V, typename = std::enable_if_t<detail::are_attention_inputs<Q, K, V>>>
+Tensor<detail::scalar_of<Q>, 4> scaled_dot_product_attention(const Q& q, const K& k, const V& v,
+                                                             const AttentionOptions<detail::scalar_of<Q>>& opts = {}) {
+  AttentionOptions<detail::scalar_of<Q>> without_weights = opts;
+  without_weights.need_weights = false;
+  return detail::sdpa_forward_views("scaled_dot_product_attention", detail::const_view(q), detail::const_view(k),
+                                    detail::const_view(v), without_weights)
+      .out;
+}
+
+/// \brief The attention probabilities (B, H, Lq, Lk) for q (B, H, Lq, D) and k (B, Hkv, Lk, D), before
+/// dropout; masked entries are exactly 0, and a row without any allowed key is all 0.
+/// \code
+/// Tensor<float, 4> p = attention_weights(q, k, opts);  // each row sums to 1 (or is all 0)
+/// \endcode
+template <typename Q, typename K, typename = std::enable_if_t<detail::are_attention_inputs<Q, K, K>>>
+Tensor<detail::scalar_of<Q>, 4> attention_weights(const Q& q, const K& k,
+                                                  const AttentionOptions<detail::scalar_of<Q>>& opts = {}) {
+  using T = detail::scalar_of<Q>;
+  const TensorView<const T, 4> qv = detail::const_view(q), kv = detail::const_view(k);
+  detail::validate_query_key("attention_weights", qv, kv);
+  detail::validate_options("attention_weights", opts, qv.dim(0), qv.dim(1), qv.dim(2), kv.dim(2));
+  // Weights are taken before dropout and need no values: run the kernel with Dv = 0.
+  const TensorView<const T, 4> no_values(nullptr, {kv.dim(0), kv.dim(1), kv.dim(2), 0});
+  AttentionOptions<T> weights_only = opts;
+  weights_only.dropout_p = T(0);
+  Tensor<T, 4> out({qv.dim(0), qv.dim(1), qv.dim(2), 0});
+  Tensor<T, 3> lse({qv.dim(0), qv.dim(1), qv.dim(2)});
+  Tensor<T, 4> weights({qv.dim(0), qv.dim(1), qv.dim(2), kv.dim(2)});
+  detail::reference_forward(detail::make_params(qv, kv, no_values, weights_only),
+                            detail::ForwardOutputs<T>{out.view(), lse.view(), weights.view()});
+  return weights;
+}
+
+}  // namespace selfattn

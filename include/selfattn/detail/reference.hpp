@@ -1,0 +1,118 @@
+// selfattn/detail/reference.hpp — the reference scaled dot-product attention: short, obvious, the spec.
+//
+// Every fast kernel is tested against this file. It materialises the (Lq, Lk) score matrix of one
+// (batch, head) at a time and runs the three passes of softmax attention in plain sight.
+#pragma once
+
+#include <selfattn/dropout.hpp>
+#include <selfattn/mask.hpp>
+#include <selfattn/tensor.hpp>
+
+#include <cmath>
+#include <limits>
+
+namespace selfattn::detail {
+
+/// Everything one attention call needs, filled after validation (attention.hpp); kernels never throw.
+///
+/// Shapes: q (B, H, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv); query head h reads key/value head
+/// h / (H / Hkv). v may have Dv == 0 when only the weights are wanted.
+template <typename T>
+struct AttentionParams {
+  TensorView<const T, 4> q;
+  TensorView<const T, 4> k;
+  TensorView<const T, 4> v;
+  T scale = T(1);
+  MaskParams<T> mask;
+  DropoutParams<T> dropout;
+
+  Index batch() const { return q.dim(0); }
+  Index heads() const { return q.dim(1); }
+  Index q_len() const { return q.dim(2); }
+  Index k_len() const { return k.dim(2); }
+  Index value_dim() const { return v.dim(3); }
+  Index kv_head(Index h) const { return h / (q.dim(1) / k.dim(1)); }
+};
+
+/// Outputs of a forward kernel: out (B, H, Lq, Dv), lse (B, H, Lq), weights (B, H, Lq, Lk) or absent.
+template <typename T>
+struct ForwardOutputs {
+  TensorView<T, 4> out;
+  TensorView<T, 3> lse;
+  TensorView<T, 4> weights;
+};
+
+/// Pass 1 for one (b, h): S = scale * Q K^T + bias + ALiBi, with -inf wherever query i may not see key j.
+/// A score that is -inf (a -inf bias, say) counts as masked too.
+template <typename T>
+RowMajorMatrix<T> reference_scores(const AttentionParams<T>& p, Index b, Index h) {
+  constexpr T minus_infinity = -std::numeric_limits<T>::infinity();
+  const auto q = as_matrix(p.q[b][h]);
+  const auto k = as_matrix(p.k[b][p.kv_head(h)]);
+  RowMajorMatrix<T> s(p.q_len(), p.k_len());
+  s.noalias() = p.scale * (q * k.transpose());
+  for (Index i = 0; i < p.q_len(); ++i) {
+    const KeyRange keys = p.mask.key_range(b, i);
+    for (Index j = 0; j < p.k_len(); ++j) {
+      const bool visible = j >= keys.begin && j < keys.end && p.mask.element_allowed(b, h, i, j);
+      // Select, never compute, the masked value: a NaN in a masked key must not survive (PITFALLS.md).
+      s(i, j) = visible ? s(i, j) + p.mask.score_offset(b, h, i, j) : minus_infinity;
+    }
+  }
+  return s;
+}
+
+/// Pass 2 in place: S -> P = exp(S - m) / l row by row, returning lse = m + log l per row.
+/// A row without any finite score stays all zero with lse = -inf (no NaN from -inf - -inf).
+template <typename T>
+Eigen::Matrix<T, Eigen::Dynamic, 1> reference_softmax(RowMajorMatrix<T>& s) {
+  constexpr T minus_infinity = -std::numeric_limits<T>::infinity();
+  Eigen::Matrix<T, Eigen::Dynamic, 1> lse(s.rows());
+  for (Index i = 0; i < s.rows(); ++i) {
+    T m = minus_infinity;
+    for (Index j = 0; j < s.cols(); ++j)
+      if (!(s(i, j) <= m)) m = s(i, j);  // also lets a NaN score through to the output
+    if (m == minus_infinity) {
+      s.row(i).setZero();
+      lse(i) = minus_infinity;
+      continue;
+    }
+    T l = 0;
+    for (Index j = 0; j < s.cols(); ++j) {
+      // exp(-inf) is selected to 0 rather than computed (Eigen's vectorised exp(-inf) is not 0).
+      s(i, j) = s(i, j) == minus_infinity ? T(0) : std::exp(s(i, j) - m);
+      l += s(i, j);
+    }
+    s.row(i) /= l;
+    lse(i) = m + std::log(l);
+  }
+  return lse;
+}
+
+/// The reference forward: three passes per (batch, head).
+///   1. s_ij = scale * q_i . k_j + bias_ij - slope_h |i + off - j|, or -inf where masked
+///   2. P_ij = exp(s_ij - m_i) / l_i with m_i = max_j s_ij, l_i = sum_j exp(s_ij - m_i);  lse_i = m_i + log l_i
+///   3. o_i = sum_j P_ij * keep_ij / (1 - p) * v_j over the j with a non-zero weight: masked (and dropped)
+///      keys are skipped, not multiplied by 0, so a NaN in their values cannot reach o_i
+template <typename T>
+void reference_forward(const AttentionParams<T>& p, const ForwardOutputs<T>& result) {
+  for (Index b = 0; b < p.batch(); ++b)
+    for (Index h = 0; h < p.heads(); ++h) {
+      RowMajorMatrix<T> probabilities = reference_scores(p, b, h);                       // pass 1
+      const Eigen::Matrix<T, Eigen::Dynamic, 1> lse = reference_softmax(probabilities);  // pass 2
+      for (Index i = 0; i < p.q_len(); ++i) result.lse(b, h, i) = lse(i);
+      if (result.weights.data()) as_matrix(result.weights[b][h]) = probabilities;
+
+      const auto v = as_matrix(p.v[b][p.kv_head(h)]);  // pass 3
+      auto out = as_matrix(result.out[b][h]);
+      out.setZero();
+      for (Index i = 0; i < p.q_len(); ++i)
+        for (Index j = 0; j < p.k_len(); ++j) {
+          T weight = probabilities(i, j);
+          if (p.dropout.active()) weight = p.dropout.keep(b, h, i, j) ? weight * p.dropout.keep_scale() : T(0);
+          if (weight != T(0)) out.row(i) += weight * v.row(j);
+        }
+    }
+}
+
+}  // namespace selfattn::detail

@@ -1,0 +1,57 @@
+// selfattn/heads.hpp — split_heads (a zero-copy view) and merge_heads (the concat).
+//
+// Shapes: x (B, L, H * D) <-> heads (B, H, L, D). Element (b, l, h * D + d) of x is element (b, h, l, d)
+// of the heads, so the split is just new strides over the same memory.
+#pragma once
+
+#include <selfattn/errors.hpp>
+#include <selfattn/tensor.hpp>
+
+#include <string>
+#include <type_traits>
+
+namespace selfattn {
+
+/// \brief Views x (B, L, H * D) as heads (B, H, L, D) without copying; strides (s0, D, s1, 1).
+///
+/// Throws ShapeError if `heads` < 1 or does not divide the last extent of x.
+/// \code
+/// Tensor<float, 3> x({2, 10, 64});
+/// TensorView<float, 4> h = split_heads(x, 8);   // (2, 8, 10, 8), h(b, 3, l, d) is x(b, l, 24 + d)
+/// \endcode
+template <typename T>
+TensorView<T, 4> split_heads(const TensorView<T, 3>& x, Index heads) {
+  if (heads < 1 || x.dim(2) % heads != 0)
+    detail::throw_shape_error("split_heads", "x",
+                              "the last extent must be a multiple of heads = " + std::to_string(heads) + ", got shape " +
+                                  detail::shape_string<3>(x.shape()));
+  const Index head_dim = x.dim(2) / heads;
+  return TensorView<T, 4>(x.data(), {x.dim(0), heads, x.dim(1), head_dim}, {x.stride(0), head_dim, x.stride(1), 1});
+}
+template <typename T>
+TensorView<T, 4> split_heads(Tensor<T, 3>& x, Index heads) {
+  return split_heads(x.view(), heads);
+}
+template <typename T>
+TensorView<const T, 4> split_heads(const Tensor<T, 3>& x, Index heads) {
+  return split_heads(x.view(), heads);
+}
+
+/// \brief Concatenates heads (B, H, L, D) into a new contiguous (B, L, H * D) tensor: the inverse of split_heads.
+/// \code
+/// Tensor<float, 3> y = merge_heads(attention_out);   // (B, H, L, D) -> (B, L, H * D)
+/// \endcode
+template <typename X, typename = std::enable_if_t<detail::is_tensor_of_rank<X, 4>>>
+Tensor<detail::scalar_of<X>, 3> merge_heads(const X& heads) {
+  using T = detail::scalar_of<X>;
+  const TensorView<const T, 4> x = detail::const_view(heads);
+  Tensor<T, 3> merged({x.dim(0), x.dim(2), x.dim(1) * x.dim(3)});
+  if (x.dim(1) == 0) return merged;
+  // Copy through the split view of the result, one (L, D) head at a time.
+  const TensorView<T, 4> target = split_heads(merged, x.dim(1));
+  for (Index b = 0; b < x.dim(0); ++b)
+    for (Index h = 0; h < x.dim(1); ++h) as_matrix(target[b][h]) = as_matrix(x[b][h]);
+  return merged;
+}
+
+}  // namespace selfattn

@@ -1,0 +1,291 @@
+// selfattn/multihead.hpp — MultiHeadAttentionConfig, MhaParams and the MultiHeadAttention module.
+//
+// Dimension letters: B batch, Lq query length, Lk key length, E embed dim, H query heads, Hkv key/value
+// heads, Dh = E / H head dim. Parameters use PyTorch's nn.Linear layout (y = x W^T + b), so the weights
+// of an nn.MultiheadAttention load as they are.
+//
+// The data walks: project (one GEMM for Q|K|V in self-attention) -> split_heads (views) -> RoPE on q, k
+// -> scaled dot-product attention -> merge_heads -> output projection.
+#pragma once
+
+#include <selfattn/attention.hpp>
+#include <selfattn/errors.hpp>
+#include <selfattn/heads.hpp>
+#include <selfattn/options.hpp>
+#include <selfattn/positional.hpp>
+#include <selfattn/projection.hpp>
+#include <selfattn/tensor.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <type_traits>
+
+namespace selfattn {
+
+/// \brief Configuration of a MultiHeadAttention module. Zero means "the default" where noted.
+struct MultiHeadAttentionConfig {
+  Index embed_dim = 0;       ///< E; must be a multiple of num_heads
+  Index num_heads = 1;       ///< H; head dim Dh = E / H
+  Index num_kv_heads = 0;    ///< Hkv; 0 = num_heads; fewer = grouped-query attention (must divide H)
+  Index kdim = 0;            ///< key input width; 0 = embed_dim
+  Index vdim = 0;            ///< value input width; 0 = embed_dim
+  bool bias = true;          ///< biases on the four projections
+  double dropout = 0.0;      ///< attention-probability dropout in training mode, in [0, 1)
+  Index rope_dim = 0;        ///< 0 = no rotary embedding; else rotate the first rope_dim dims of each q/k head
+  double rope_base = 10000.0;
+  RopeStyle rope_style = RopeStyle::half;
+  bool alibi = false;        ///< add ALiBi with alibi_slopes(num_heads)
+};
+
+/// \brief The module's parameters (or their gradients), nn.Linear layout. Biases are empty when !bias.
+///
+/// q_weight (E, E), k_weight (Hkv*Dh, kdim), v_weight (Hkv*Dh, vdim), out_weight (E, E);
+/// q_bias (E), k_bias (Hkv*Dh), v_bias (Hkv*Dh), out_bias (E).
+template <typename T>
+struct MhaParams {
+  Tensor<T, 2> q_weight, k_weight, v_weight, out_weight;
+  Tensor<T, 1> q_bias, k_bias, v_bias, out_bias;
+};
+
+namespace detail {
+
+/// A (B, L, width) column block of a shared projection buffer. Shared so that copies of a forward
+/// result stay valid: the buffer is never written after the forward.
+template <typename T>
+struct ProjectionBlock {
+  std::shared_ptr<Tensor<T, 3>> buffer;
+  Index column = 0;
+  Index width = 0;
+
+  TensorView<T, 3> view() const {
+    if (!buffer) return {};
+    return TensorView<T, 3>(buffer->data() + column, {buffer->dim(0), buffer->dim(1), width},
+                            {buffer->dim(1) * buffer->dim(2), buffer->dim(2), 1});
+  }
+};
+
+}  // namespace detail
+
+/// \brief What MultiHeadAttention::forward returns: the output, optional per-head weights, and what
+/// the backward pass needs.
+///
+/// output (B, Lq, E); weights (B, H, Lq, Lk) when opts.need_weights, else empty.
+template <typename T>
+struct MhaForward {
+  Tensor<T, 3> output;
+  Tensor<T, 4> weights;
+
+  // Saved for the backward pass. Views of the inputs: the caller keeps them alive until backward.
+  TensorView<const T, 3> query, key, value;
+  detail::ProjectionBlock<T> q, k, v;  // projections after RoPE, (B, L, heads * Dh)
+  AttentionForward<T> attention;      // out (B, H, Lq, Dh) and lse (B, H, Lq); weights moved to `weights`
+  Tensor<T, 3> merged;                // merge_heads(attention.out), the input of the output projection
+  AttentionOptions<T> options;        // the options the attention ran with (ALiBi, dropout filled in)
+};
+
+/// \brief Multi-head attention, PyTorch's nn.MultiheadAttention (batch_first) plus grouped-query heads,
+/// RoPE and ALiBi.
+///
+/// forward(query (B, Lq, E), key (B, Lk, kdim), value (B, Lk, vdim), opts) -> output (B, Lq, E).
+/// forward and backward are const: one module serves many threads at once.
+/// \code
+/// MultiHeadAttentionConfig cfg;
+/// cfg.embed_dim = 64;
+/// cfg.num_heads = 8;
+/// MultiHeadAttention<float> mha(cfg);
+/// Tensor<float, 3> x({2, 10, 64});
+/// auto fwd = mha.forward(x);   // self-attention: fwd.output (2, 10, 64)
+/// \endcode
+template <typename T>
+class MultiHeadAttention {
+  static_assert(std::is_floating_point_v<T>, "MultiHeadAttention<T>: T is float or double");
+
+ public:
+  /// Xavier-uniform projection weights as PyTorch initialises them, zero biases; `seed` picks the draw.
+  explicit MultiHeadAttention(const MultiHeadAttentionConfig& config, std::uint64_t seed = 0)
+      : config_(normalized(config)), head_dim_(config_.embed_dim / config_.num_heads) {
+    if (config_.rope_dim > 0)
+      rope_.emplace(config_.rope_dim, static_cast<T>(config_.rope_base), config_.rope_style);
+    if (config_.alibi) alibi_ = alibi_slopes<T>(config_.num_heads);
+    initialize(seed);
+  }
+
+  const MultiHeadAttentionConfig& config() const { return config_; }
+  Index head_dim() const { return head_dim_; }
+  MhaParams<T>& params() { return params_; }
+  const MhaParams<T>& params() const { return params_; }
+  /// Dropout (cfg.dropout) applies only in training mode; the default is false.
+  void set_training(bool training) { training_ = training; }
+  bool training() const { return training_; }
+
+  /// Attention of query (B, Lq, E) over key (B, Lk, kdim) and value (B, Lk, vdim).
+  template <typename Q, typename K, typename V,
+            typename = std::enable_if_t<detail::is_tensor_of_rank<Q, 3> && detail::is_tensor_of_rank<K, 3> &&
+                                        detail::is_tensor_of_rank<V, 3>>>
+  MhaForward<T> forward(const Q& query, const K& key, const V& value, const AttentionOptions<T>& opts = {}) const {
+    static_assert(std::is_same_v<detail::scalar_of<Q>, T> && std::is_same_v<detail::scalar_of<K>, T> &&
+                      std::is_same_v<detail::scalar_of<V>, T>,
+                  "MultiHeadAttention<T>::forward: inputs must have element type T");
+    return forward_views(detail::const_view(query), detail::const_view(key), detail::const_view(value), opts);
+  }
+
+  /// Self-attention: query = key = value = x (B, L, E).
+  template <typename X, typename = std::enable_if_t<detail::is_tensor_of_rank<X, 3>>>
+  MhaForward<T> forward(const X& x, const AttentionOptions<T>& opts = {}) const {
+    return forward(x, x, x, opts);
+  }
+
+ private:
+  static constexpr const char* forward_name = "MultiHeadAttention::forward";
+
+  static MultiHeadAttentionConfig normalized(MultiHeadAttentionConfig c) {
+    const char* fn = "MultiHeadAttention";
+    if (c.embed_dim < 1) detail::throw_invalid(fn, "cfg.embed_dim", "expected >= 1, got " + std::to_string(c.embed_dim));
+    if (c.num_heads < 1 || c.embed_dim % c.num_heads != 0)
+      detail::throw_invalid(fn, "cfg.num_heads",
+                            "expected a divisor of embed_dim = " + std::to_string(c.embed_dim) + ", got " +
+                                std::to_string(c.num_heads));
+    if (c.num_kv_heads == 0) c.num_kv_heads = c.num_heads;
+    if (c.num_kv_heads < 1 || c.num_heads % c.num_kv_heads != 0)
+      detail::throw_invalid(fn, "cfg.num_kv_heads",
+                            "expected 0 or a divisor of num_heads = " + std::to_string(c.num_heads) + ", got " +
+                                std::to_string(c.num_kv_heads));
+    if (c.kdim < 0) detail::throw_invalid(fn, "cfg.kdim", "expected >= 0, got " + std::to_string(c.kdim));
+    if (c.vdim < 0) detail::throw_invalid(fn, "cfg.vdim", "expected >= 0, got " + std::to_string(c.vdim));
+    if (c.kdim == 0) c.kdim = c.embed_dim;
+    if (c.vdim == 0) c.vdim = c.embed_dim;
+    if (!(c.dropout >= 0.0 && c.dropout < 1.0))
+      detail::throw_invalid(fn, "cfg.dropout", "expected a value in [0, 1), got " + std::to_string(c.dropout));
+    const Index head_dim = c.embed_dim / c.num_heads;
+    if (c.rope_dim < 0 || c.rope_dim % 2 != 0 || c.rope_dim > head_dim)
+      detail::throw_invalid(fn, "cfg.rope_dim",
+                            "expected an even value in [0, head_dim = " + std::to_string(head_dim) + "], got " +
+                                std::to_string(c.rope_dim));
+    if (!(c.rope_base > 0.0 && std::isfinite(c.rope_base)))
+      detail::throw_invalid(fn, "cfg.rope_base", "expected a finite value > 0, got " + std::to_string(c.rope_base));
+    return c;
+  }
+
+  // PyTorch's _reset_parameters: Xavier-uniform q/k/v weights — over the stacked (3E, E) in_proj_weight
+  // when all three are (E, E), else each on its own — and an out_proj drawn as nn.Linear does,
+  // U(-1/sqrt(E), 1/sqrt(E)); all biases zero.
+  void initialize(std::uint64_t seed) {
+    const Index e = config_.embed_dim, kv = config_.num_kv_heads * head_dim_;
+    params_.q_weight = Tensor<T, 2>({e, e});
+    params_.k_weight = Tensor<T, 2>({kv, config_.kdim});
+    params_.v_weight = Tensor<T, 2>({kv, config_.vdim});
+    params_.out_weight = Tensor<T, 2>({e, e});
+    if (config_.bias) {
+      params_.q_bias = Tensor<T, 1>(std::array<Index, 1>{e});
+      params_.k_bias = Tensor<T, 1>(std::array<Index, 1>{kv});
+      params_.v_bias = Tensor<T, 1>(std::array<Index, 1>{kv});
+      params_.out_bias = Tensor<T, 1>(std::array<Index, 1>{e});
+    }
+    std::mt19937_64 generator(seed);
+    // Our own uniform draw: std::uniform_real_distribution differs between standard libraries.
+    const auto fill_uniform = [&generator](Tensor<T, 2>& w, double bound) {
+      for (Index n = 0; n < w.size(); ++n)
+        w.data()[n] = static_cast<T>(bound * (2.0 * static_cast<double>(generator() >> 11) * 0x1.0p-53 - 1.0));
+    };
+    const auto xavier = [](Index fan_in, Index fan_out) { return std::sqrt(6.0 / static_cast<double>(fan_in + fan_out)); };
+    const bool stacked = config_.kdim == e && config_.vdim == e && kv == e;
+    fill_uniform(params_.q_weight, stacked ? xavier(e, 3 * e) : xavier(e, e));
+    fill_uniform(params_.k_weight, stacked ? xavier(e, 3 * e) : xavier(config_.kdim, kv));
+    fill_uniform(params_.v_weight, stacked ? xavier(e, 3 * e) : xavier(config_.vdim, kv));
+    fill_uniform(params_.out_weight, 1.0 / std::sqrt(static_cast<double>(e)));
+  }
+
+  /// Checks every argument before any work, so a failing call has no effect.
+  void validate(const TensorView<const T, 3>& query, const TensorView<const T, 3>& key,
+                const TensorView<const T, 3>& value, const AttentionOptions<T>& opts) const {
+    detail::check_shape<3>(forward_name, "query", query.shape(), {detail::any_extent, detail::any_extent, config_.embed_dim});
+    detail::check_shape<3>(forward_name, "key", key.shape(), {query.dim(0), detail::any_extent, config_.kdim});
+    detail::check_shape<3>(forward_name, "value", value.shape(), {query.dim(0), key.dim(1), config_.vdim});
+    check_params();
+    if (config_.alibi && !opts.alibi_slopes.empty())
+      detail::throw_invalid(forward_name, "opts.alibi_slopes", "must be empty when cfg.alibi is set (ALiBi added twice)");
+    detail::validate_options(forward_name, opts, query.dim(0), config_.num_heads, query.dim(1), key.dim(1));
+  }
+
+  /// params() is writable: check its shapes are still the configured ones.
+  void check_params() const {
+    const Index e = config_.embed_dim, kv = config_.num_kv_heads * head_dim_;
+    detail::check_shape<2>(forward_name, "params().q_weight", params_.q_weight.shape(), {e, e});
+    detail::check_shape<2>(forward_name, "params().k_weight", params_.k_weight.shape(), {kv, config_.kdim});
+    detail::check_shape<2>(forward_name, "params().v_weight", params_.v_weight.shape(), {kv, config_.vdim});
+    detail::check_shape<2>(forward_name, "params().out_weight", params_.out_weight.shape(), {e, e});
+    const std::array<Index, 1> no_bias{0};
+    const auto check_bias = [&](const char* name, const Tensor<T, 1>& b, Index n) {
+      detail::check_shape<1>(forward_name, name, b.shape(), config_.bias ? std::array<Index, 1>{n} : no_bias);
+    };
+    check_bias("params().q_bias", params_.q_bias, e);
+    check_bias("params().k_bias", params_.k_bias, kv);
+    check_bias("params().v_bias", params_.v_bias, kv);
+    check_bias("params().out_bias", params_.out_bias, e);
+  }
+
+  /// Projects query, key and value: one GEMM when they are the same tensor, else three.
+  void project(MhaForward<T>& f) const {
+    const bool self_attention = f.query.data() == f.key.data() && f.key.data() == f.value.data() &&
+                                f.query.shape() == f.key.shape() && f.key.shape() == f.value.shape() &&
+                                f.query.strides() == f.key.strides() && f.key.strides() == f.value.strides();
+    const Index e = config_.embed_dim, kv = config_.num_kv_heads * head_dim_;
+    if (self_attention) {
+      auto qkv = std::make_shared<Tensor<T, 3>>(detail::fused_qkv_projection<T>(
+          f.query, {params_.q_weight.view(), params_.k_weight.view(), params_.v_weight.view()},
+          {params_.q_bias.view(), params_.k_bias.view(), params_.v_bias.view()}));
+      f.q = {qkv, 0, e};
+      f.k = {qkv, e, kv};
+      f.v = {qkv, e + kv, kv};
+      return;
+    }
+    const auto project_one = [](const TensorView<const T, 3>& x, const Tensor<T, 2>& w, const Tensor<T, 1>& b) {
+      auto y = std::make_shared<Tensor<T, 3>>(std::array<Index, 3>{x.dim(0), x.dim(1), w.dim(0)});
+      detail::linear_into<T>(x, w.view(), b.view(), y->view());
+      return detail::ProjectionBlock<T>{y, 0, w.dim(0)};
+    };
+    f.q = project_one(f.query, params_.q_weight, params_.q_bias);
+    f.k = project_one(f.key, params_.k_weight, params_.k_bias);
+    f.v = project_one(f.value, params_.v_weight, params_.v_bias);
+  }
+
+  MhaForward<T> forward_views(const TensorView<const T, 3>& query, const TensorView<const T, 3>& key,
+                              const TensorView<const T, 3>& value, const AttentionOptions<T>& opts) const {
+    validate(query, key, value, opts);
+    MhaForward<T> f;
+    f.query = query;
+    f.key = key;
+    f.value = value;
+    project(f);
+    const TensorView<T, 4> q = split_heads(f.q.view(), config_.num_heads);
+    const TensorView<T, 4> k = split_heads(f.k.view(), config_.num_kv_heads);
+    const TensorView<T, 4> v = split_heads(f.v.view(), config_.num_kv_heads);
+    if (rope_) {
+      // Bottom-right aligned positions, like the masks: key row j at j, query row l at l + Lk - Lq.
+      rope_->apply(q, key.dim(1) - query.dim(1));
+      rope_->apply(k, 0);
+    }
+    f.options = opts;
+    f.options.dropout_p = training_ ? static_cast<T>(config_.dropout) : T(0);
+    if (config_.alibi) f.options.alibi_slopes = alibi_;
+    f.attention = detail::sdpa_forward_views<T>(forward_name, q, k, v, f.options);
+    f.weights = std::move(f.attention.weights);
+    f.merged = merge_heads(f.attention.out);
+    f.output = Tensor<T, 3>({query.dim(0), query.dim(1), config_.embed_dim});
+    detail::linear_into<T>(f.merged.view(), params_.out_weight.view(), params_.out_bias.view(), f.output.view());
+    return f;
+  }
+
+  MultiHeadAttentionConfig config_;
+  Index head_dim_;
+  MhaParams<T> params_;
+  std::optional<RotaryEmbedding<T>> rope_;
+  std::vector<T> alibi_;
+  bool training_ = false;
+};
+
+}  // namespace selfattn

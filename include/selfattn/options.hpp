@@ -1,0 +1,41 @@
+// selfattn/options.hpp — Causal and AttentionOptions: everything that shapes one attention call
+// besides q, k and v. Semantics in docs/masks.md; validation in attention.hpp.
+#pragma once
+
+#include <selfattn/tensor.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace selfattn {
+
+/// \brief Causal masking. With `off = Lk - Lq`: `top_left` allows `j <= i` (PyTorch's `is_causal`),
+/// `bottom_right` allows `j <= i + off` (FlashAttention's; right for queries at the end of a KV cache).
+enum class Causal { none, top_left, bottom_right };
+
+/// \brief Options of one attention call. Every field is optional; all masks combine by logical and.
+///
+/// Shapes: B batch, H query heads, Lq query length, Lk key length.
+/// \code
+/// AttentionOptions<float> opts;
+/// opts.causal = Causal::top_left;
+/// opts.key_lengths = {8, 5};        // keys >= length are padding, per batch
+/// auto out = scaled_dot_product_attention(q, k, v, opts);
+/// \endcode
+template <typename T>
+struct AttentionOptions {
+  Causal causal = Causal::none;           ///< causal mask alignment
+  std::vector<Index> key_lengths;         ///< empty, or B entries in [0, Lk]: key j of batch b is valid iff j < key_lengths[b]
+  TensorView<const bool, 4> allowed;      ///< empty, or broadcastable to (B, H, Lq, Lk); true = may attend
+  TensorView<const T, 4> bias;            ///< empty, or broadcastable to (B, H, Lq, Lk); added to the scores
+  Index window_left = -1;                 ///< keys allowed left of the bottom-right diagonal; -1 = unbounded
+  Index window_right = -1;                ///< keys allowed right of the bottom-right diagonal; -1 = unbounded
+  std::vector<T> alibi_slopes;            ///< empty, or one slope per query head: score -= slope * |i + off - j|
+  std::optional<T> scale;                 ///< score scale; default 1 / sqrt(D)
+  T dropout_p = T(0);                     ///< dropout rate on the probabilities, in [0, 1)
+  std::uint64_t seed = 0;                 ///< dropout stream key: same seed, same mask
+  bool need_weights = false;              ///< also return the attention probabilities (B, H, Lq, Lk)
+};
+
+}  // namespace selfattn

@@ -1,0 +1,82 @@
+// selfattn/projection.hpp — the affine projection y = x W^T + b (PyTorch's nn.Linear layout) and the
+// fused Q/K/V projection that reads x once when query = key = value.
+//
+// Shapes: x (B, L, In), W (Out, In), b (Out) or absent -> y (B, L, Out).
+#pragma once
+
+#include <selfattn/errors.hpp>
+#include <selfattn/tensor.hpp>
+
+#include <array>
+#include <type_traits>
+
+namespace selfattn {
+namespace detail {
+
+/// y = x W^T + b into a preallocated y (B, L, Out), which may be a column block of a wider buffer.
+/// Arguments are valid (checked by the caller).
+template <typename T>
+void linear_into(const TensorView<const T, 3>& x, const TensorView<const T, 2>& weight,
+                 const TensorView<const T, 1>& bias, const TensorView<T, 3>& y) {
+  const auto w = as_matrix(weight);
+  // When the (B, L) rows are evenly spaced in both x and y, all B * L rows go through one GEMM.
+  const bool one_gemm = x.stride(0) == x.dim(1) * x.stride(1) && y.stride(0) == y.dim(1) * y.stride(1);
+  const Index blocks = one_gemm ? 1 : x.dim(0);
+  const Index rows = one_gemm ? x.dim(0) * x.dim(1) : x.dim(1);
+  for (Index b = 0; b < blocks; ++b) {
+    const TensorView<const T, 2> xb(x.data() + b * x.stride(0), {rows, x.dim(2)}, {x.stride(1), 1});
+    const TensorView<T, 2> yb(y.data() + b * y.stride(0), {rows, y.dim(2)}, {y.stride(1), 1});
+    auto out = as_matrix(yb);
+    out.noalias() = as_matrix(xb) * w.transpose();  // y = x W^T
+    if (bias.data()) out.rowwise() += as_vector(bias);  // + b
+  }
+}
+
+/// Checks W (Out, In) against x (B, L, In) and b (Out) or absent.
+template <typename T>
+void check_linear_arguments(const char* function, const std::string& name, const TensorView<const T, 3>& x,
+                            const TensorView<const T, 2>& weight, const TensorView<const T, 1>& bias) {
+  check_shape<2>(function, name + " weight", weight.shape(), {any_extent, x.dim(2)});
+  if (bias.data()) check_shape<1>(function, name + " bias", bias.shape(), {weight.dim(0)});
+}
+
+}  // namespace detail
+
+/// \brief y = x W^T + b, PyTorch's nn.Linear: x (B, L, In), weight (Out, In), bias (Out) or empty -> (B, L, Out).
+/// \code
+/// Tensor<float, 3> y = linear<float>(x, W, b);
+/// \endcode
+template <typename T>
+Tensor<T, 3> linear(const TensorView<const T, 3>& x, const TensorView<const T, 2>& weight,
+                    const TensorView<const T, 1>& bias = {}) {
+  detail::check_linear_arguments("linear", "", x, weight, bias);
+  Tensor<T, 3> y({x.dim(0), x.dim(1), weight.dim(0)});
+  detail::linear_into(x, weight, bias, y.view());
+  return y;
+}
+
+namespace detail {
+
+/// The three projections of self-attention in one GEMM: y = x [Wq; Wk; Wv]^T + [bq; bk; bv], shape
+/// (B, L, Out_q + Out_k + Out_v); q, k and v are its column blocks in that order. Reading x once and
+/// running one wide GEMM beats three narrow ones. Biases are all present or all absent.
+template <typename T>
+Tensor<T, 3> fused_qkv_projection(const TensorView<const T, 3>& x, const std::array<TensorView<const T, 2>, 3>& weights,
+                                  const std::array<TensorView<const T, 1>, 3>& biases) {
+  const Index outputs = weights[0].dim(0) + weights[1].dim(0) + weights[2].dim(0);
+  RowMajorMatrix<T> stacked_weight(outputs, x.dim(2));
+  Tensor<T, 1> stacked_bias(std::array<Index, 1>{biases[0].data() ? outputs : 0});
+  Index row = 0;
+  for (std::size_t m = 0; m < 3; ++m) {
+    stacked_weight.middleRows(row, weights[m].dim(0)) = as_matrix(weights[m]);
+    if (biases[m].data()) as_vector(stacked_bias.view()).segment(row, weights[m].dim(0)) = as_vector(biases[m]);
+    row += weights[m].dim(0);
+  }
+  Tensor<T, 3> y({x.dim(0), x.dim(1), outputs});
+  const TensorView<const T, 2> w(stacked_weight.data(), {outputs, x.dim(2)});
+  linear_into(x, w, biases[0].data() ? TensorView<const T, 1>(stacked_bias) : TensorView<const T, 1>(), y.view());
+  return y;
+}
+
+}  // namespace detail
+}  // namespace selfattn

@@ -1,0 +1,358 @@
+// selfattn/tensor.hpp — Index, Tensor (owning) and TensorView (strided, non-owning), and row-major
+// Eigen maps of their 2-D slices.
+//
+// Both are row-major. A view's last dimension is always contiguous (stride 1) so that every row is an
+// Eigen vector and every 2-D slice is an Eigen matrix with an outer stride; the other strides are
+// free (non-negative), which is what lets split_heads and permute be views instead of copies.
+#pragma once
+
+#include <Eigen/Core>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+namespace selfattn {
+
+using Index = std::ptrdiff_t;
+
+template <typename T, int Rank>
+class Tensor;
+
+namespace detail {
+
+template <int Rank>
+std::string shape_string(const std::array<Index, Rank>& shape) {
+  std::string text = "(";
+  for (int d = 0; d < Rank; ++d) {
+    if (d > 0) text += ", ";
+    text += std::to_string(shape[static_cast<std::size_t>(d)]);
+  }
+  return text + ")";
+}
+
+template <int Rank>
+Index product(const std::array<Index, Rank>& shape) {
+  Index n = 1;
+  for (Index extent : shape) n *= extent;
+  return n;
+}
+
+// Strides of a contiguous row-major tensor of this shape.
+template <int Rank>
+std::array<Index, Rank> row_major_strides(const std::array<Index, Rank>& shape) {
+  std::array<Index, Rank> strides{};
+  Index step = 1;
+  for (int d = Rank - 1; d >= 0; --d) {
+    strides[static_cast<std::size_t>(d)] = step;
+    step *= shape[static_cast<std::size_t>(d)];
+  }
+  return strides;
+}
+
+template <int Rank>
+void check_shape_valid(const std::array<Index, Rank>& shape) {
+  for (Index extent : shape)
+    if (extent < 0)
+      throw std::invalid_argument("selfattn::Tensor: negative extent in shape " + shape_string<Rank>(shape));
+}
+
+}  // namespace detail
+
+/// \brief A non-owning, strided, row-major view of `Rank`-dimensional data of element type `T`.
+///
+/// `T` may be const (`TensorView<const float, 4>`: read-only). The last dimension is contiguous
+/// (stride 1); the other strides are in elements and non-negative. A default-constructed view is
+/// empty and means "absent" wherever a tensor argument is optional.
+///
+/// \code
+/// float buffer[2 * 3];
+/// TensorView<float, 2> m(buffer, {2, 3});       // contiguous
+/// TensorView<float, 2> col(buffer, {2, 1}, {3, 1});  // first column, strided
+/// \endcode
+template <typename T, int Rank>
+class TensorView {
+  static_assert(Rank >= 1, "selfattn::TensorView needs Rank >= 1");
+
+ public:
+  using value_type = std::remove_const_t<T>;
+  using Shape = std::array<Index, Rank>;
+
+  TensorView() = default;
+
+  /// Wraps contiguous row-major memory.
+  TensorView(T* data, const Shape& shape) : TensorView(data, shape, detail::row_major_strides<Rank>(shape)) {}
+
+  /// Wraps strided memory; `strides` in elements, the last one must be 1.
+  TensorView(T* data, const Shape& shape, const Shape& strides) : data_(data), shape_(shape), strides_(strides) {
+    detail::check_shape_valid<Rank>(shape);
+    if (strides[Rank - 1] != 1 && detail::product<Rank>(shape) > 1)
+      throw std::invalid_argument("selfattn::TensorView: the last dimension must be contiguous (stride 1), got strides " +
+                                  detail::shape_string<Rank>(strides));
+    for (Index s : strides)
+      if (s < 0)
+        throw std::invalid_argument("selfattn::TensorView: strides must be non-negative, got " +
+                                    detail::shape_string<Rank>(strides));
+    strides_[Rank - 1] = 1;
+  }
+
+  /// A view of mutable data converts to a view of const data.
+  template <typename U, typename = std::enable_if_t<std::is_same_v<const U, T> && !std::is_same_v<U, T>>>
+  TensorView(const TensorView<U, Rank>& other)  // NOLINT(google-explicit-constructor): like T* -> const T*
+      : data_(other.data()), shape_(other.shape()), strides_(other.strides()) {}
+
+  /// A tensor converts to a view of itself (const tensors only to const views).
+  template <typename U, typename = std::enable_if_t<std::is_same_v<U, T> || std::is_same_v<const U, T>>>
+  TensorView(Tensor<U, Rank>& tensor)  // NOLINT(google-explicit-constructor)
+      : TensorView(tensor.data(), tensor.shape()) {}
+  template <typename U, typename = std::enable_if_t<std::is_same_v<const U, T>>>
+  TensorView(const Tensor<U, Rank>& tensor)  // NOLINT(google-explicit-constructor)
+      : TensorView(tensor.data(), tensor.shape()) {}
+
+  T* data() const { return data_; }
+  const Shape& shape() const { return shape_; }
+  const Shape& strides() const { return strides_; }
+  Index dim(int d) const { return shape_[static_cast<std::size_t>(d)]; }
+  Index stride(int d) const { return strides_[static_cast<std::size_t>(d)]; }
+  Index size() const { return detail::product<Rank>(shape_); }
+  bool empty() const { return size() == 0; }
+
+  /// True when the view covers its elements densely in row-major order.
+  bool is_contiguous() const {
+    const Shape dense = detail::row_major_strides<Rank>(shape_);
+    for (int d = 0; d < Rank; ++d)
+      if (shape_[static_cast<std::size_t>(d)] > 1 && strides_[static_cast<std::size_t>(d)] != dense[static_cast<std::size_t>(d)])
+        return false;
+    return true;
+  }
+
+  template <typename... Indices>
+  T& operator()(Indices... indices) const {
+    static_assert(sizeof...(Indices) == Rank, "selfattn::TensorView: wrong number of indices");
+    const std::array<Index, Rank> at{static_cast<Index>(indices)...};
+    Index offset = 0;
+    for (int d = 0; d < Rank; ++d) {
+      eigen_assert(at[static_cast<std::size_t>(d)] >= 0 && at[static_cast<std::size_t>(d)] < shape_[static_cast<std::size_t>(d)]);
+      offset += at[static_cast<std::size_t>(d)] * strides_[static_cast<std::size_t>(d)];
+    }
+    return data_[offset];
+  }
+
+  /// The slice at index `i` of the first dimension: a view of rank `Rank - 1`.
+  template <int R = Rank, typename = std::enable_if_t<(R > 1)>>
+  TensorView<T, Rank - 1> operator[](Index i) const {
+    eigen_assert(i >= 0 && i < shape_[0]);
+    std::array<Index, Rank - 1> shape{}, strides{};
+    std::copy(shape_.begin() + 1, shape_.end(), shape.begin());
+    std::copy(strides_.begin() + 1, strides_.end(), strides.begin());
+    return TensorView<T, Rank - 1>(data_ + i * strides_[0], shape, strides);
+  }
+
+  /// Reorders the dimensions: result dimension `d` is this view's dimension `order[d]`. The last
+  /// dimension must stay last (views keep a contiguous last dimension).
+  TensorView permute(const std::array<int, Rank>& order) const {
+    if (order[Rank - 1] != Rank - 1)
+      throw std::invalid_argument("selfattn::TensorView::permute: the last dimension must stay last");
+    std::array<bool, Rank> seen{};
+    Shape shape{}, strides{};
+    for (int d = 0; d < Rank; ++d) {
+      const int from = order[static_cast<std::size_t>(d)];
+      if (from < 0 || from >= Rank || seen[static_cast<std::size_t>(from)])
+        throw std::invalid_argument("selfattn::TensorView::permute: order is not a permutation of 0.." +
+                                    std::to_string(Rank - 1));
+      seen[static_cast<std::size_t>(from)] = true;
+      shape[static_cast<std::size_t>(d)] = shape_[static_cast<std::size_t>(from)];
+      strides[static_cast<std::size_t>(d)] = strides_[static_cast<std::size_t>(from)];
+    }
+    return TensorView(data_, shape, strides);
+  }
+
+  /// The same elements under another shape of equal size; needs a contiguous view.
+  template <int NewRank>
+  TensorView<T, NewRank> reshape(const std::array<Index, NewRank>& shape) const {
+    if (!is_contiguous())
+      throw std::invalid_argument("selfattn::TensorView::reshape: the view is not contiguous");
+    if (detail::product<NewRank>(shape) != size())
+      throw std::invalid_argument("selfattn::TensorView::reshape: cannot reshape " + detail::shape_string<Rank>(shape_) +
+                                  " to " + detail::shape_string<NewRank>(shape));
+    return TensorView<T, NewRank>(data_, shape);
+  }
+
+ private:
+  T* data_ = nullptr;
+  Shape shape_{};
+  Shape strides_{};
+};
+
+/// \brief An owning, contiguous, row-major, zero-initialised tensor. Copies are deep; moves are cheap.
+///
+/// \code
+/// Tensor<float, 3> x({2, 10, 64});
+/// x(1, 2, 3) = 0.5f;
+/// TensorView<const float, 3> v = x;
+/// \endcode
+template <typename T, int Rank>
+class Tensor {
+  static_assert(Rank >= 1, "selfattn::Tensor needs Rank >= 1");
+  static_assert(!std::is_const_v<T>, "selfattn::Tensor owns its elements: use a non-const T");
+
+ public:
+  using value_type = T;
+  using Shape = std::array<Index, Rank>;
+
+  Tensor() = default;
+  explicit Tensor(const Shape& shape) : shape_(shape) {
+    detail::check_shape_valid<Rank>(shape);
+    data_.reset(new T[static_cast<std::size_t>(size())]());
+  }
+  /// A contiguous copy of a view's elements.
+  explicit Tensor(const TensorView<const T, Rank>& view) : Tensor(view.shape()) { copy_from(view); }
+
+  Tensor(const Tensor& other) : Tensor(other.shape_) { std::copy(other.data(), other.data() + size(), data()); }
+  Tensor(Tensor&& other) noexcept : data_(std::move(other.data_)), shape_(other.shape_) { other.shape_ = Shape{}; }
+  Tensor& operator=(const Tensor& other) {
+    if (this != &other) *this = Tensor(other);
+    return *this;
+  }
+  Tensor& operator=(Tensor&& other) noexcept {
+    data_ = std::move(other.data_);
+    shape_ = other.shape_;
+    other.shape_ = Shape{};
+    return *this;
+  }
+  ~Tensor() = default;
+
+  T* data() { return data_.get(); }
+  const T* data() const { return data_.get(); }
+  const Shape& shape() const { return shape_; }
+  Shape strides() const { return detail::row_major_strides<Rank>(shape_); }
+  Index dim(int d) const { return shape_[static_cast<std::size_t>(d)]; }
+  Index size() const { return detail::product<Rank>(shape_); }
+  bool empty() const { return size() == 0; }
+
+  TensorView<T, Rank> view() { return TensorView<T, Rank>(data(), shape_); }
+  TensorView<const T, Rank> view() const { return TensorView<const T, Rank>(data(), shape_); }
+
+  template <typename... Indices>
+  T& operator()(Indices... indices) {
+    return view()(indices...);
+  }
+  template <typename... Indices>
+  const T& operator()(Indices... indices) const {
+    return view()(indices...);
+  }
+
+  template <int R = Rank, typename = std::enable_if_t<(R > 1)>>
+  TensorView<T, Rank - 1> operator[](Index i) {
+    return view()[i];
+  }
+  template <int R = Rank, typename = std::enable_if_t<(R > 1)>>
+  TensorView<const T, Rank - 1> operator[](Index i) const {
+    return view()[i];
+  }
+
+  void fill(const T& value) { std::fill(data(), data() + size(), value); }
+
+  /// Copies a view of the same shape into this tensor (element by element; strides may differ).
+  void copy_from(const TensorView<const T, Rank>& source) {
+    if (source.shape() != shape_)
+      throw std::invalid_argument("selfattn::Tensor::copy_from: shape " + detail::shape_string<Rank>(source.shape()) +
+                                  " differs from " + detail::shape_string<Rank>(shape_));
+    const Shape dense = strides();
+    for (Index flat = 0; flat < size(); ++flat) {
+      Index rest = flat, offset = 0;
+      for (int d = 0; d < Rank; ++d) {
+        const Index at = rest / dense[static_cast<std::size_t>(d)];
+        rest -= at * dense[static_cast<std::size_t>(d)];
+        offset += at * source.stride(d);
+      }
+      data_[static_cast<std::size_t>(flat)] = source.data()[offset];
+    }
+  }
+
+ private:
+  std::unique_ptr<T[]> data_;
+  Shape shape_{};
+};
+
+// ---- Eigen maps of 2-D slices -------------------------------------------------------------------
+
+template <typename T>
+using RowMajorMatrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+/// A row-major Eigen map over a 2-D view (rows = dim 0, columns = dim 1, outer stride = stride 0).
+template <typename T>
+using MatrixMap = Eigen::Map<std::conditional_t<std::is_const_v<T>, const RowMajorMatrix<std::remove_const_t<T>>,
+                                                RowMajorMatrix<std::remove_const_t<T>>>,
+                             Eigen::Unaligned, Eigen::OuterStride<>>;
+
+template <typename T>
+MatrixMap<T> as_matrix(const TensorView<T, 2>& view) {
+  // A single row may carry any outer stride; Eigen wants it at least the row length.
+  const Index outer = view.dim(0) > 1 ? view.stride(0) : view.dim(1);
+  return MatrixMap<T>(view.data(), view.dim(0), view.dim(1), Eigen::OuterStride<>(outer));
+}
+template <typename T>
+MatrixMap<T> as_matrix(Tensor<T, 2>& tensor) {
+  return as_matrix(tensor.view());
+}
+template <typename T>
+MatrixMap<const T> as_matrix(const Tensor<T, 2>& tensor) {
+  return as_matrix(tensor.view());
+}
+
+/// A contiguous Eigen row-vector map over a 1-D view.
+template <typename T>
+using VectorMap = Eigen::Map<std::conditional_t<std::is_const_v<T>, const Eigen::Matrix<std::remove_const_t<T>, 1, Eigen::Dynamic>,
+                                                Eigen::Matrix<std::remove_const_t<T>, 1, Eigen::Dynamic>>>;
+
+template <typename T>
+VectorMap<T> as_vector(const TensorView<T, 1>& view) {
+  return VectorMap<T>(view.data(), view.dim(0));
+}
+
+// ---- Generic access for public functions ---------------------------------------------------------
+
+namespace detail {
+
+// tensor_traits<X>: element type and rank of a Tensor or TensorView argument, so public functions take
+// either without naming the element type.
+template <typename X>
+struct tensor_traits {
+  static constexpr bool is_tensor = false;
+};
+template <typename T, int R>
+struct tensor_traits<Tensor<T, R>> {
+  static constexpr bool is_tensor = true;
+  using scalar = T;
+  static constexpr int rank = R;
+};
+template <typename T, int R>
+struct tensor_traits<TensorView<T, R>> {
+  static constexpr bool is_tensor = true;
+  using scalar = std::remove_const_t<T>;
+  static constexpr int rank = R;
+};
+
+template <typename X>
+using scalar_of = typename tensor_traits<std::decay_t<X>>::scalar;
+
+template <typename X, int R>
+constexpr bool is_tensor_of_rank = tensor_traits<std::decay_t<X>>::is_tensor&& tensor_traits<std::decay_t<X>>::rank == R;
+
+template <typename T, int R>
+TensorView<const T, R> const_view(const Tensor<T, R>& x) {
+  return x.view();
+}
+template <typename T, int R>
+TensorView<const std::remove_const_t<T>, R> const_view(const TensorView<T, R>& x) {
+  return x;
+}
+
+}  // namespace detail
+
+}  // namespace selfattn
