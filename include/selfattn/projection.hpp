@@ -28,7 +28,7 @@ void linear_into(const TensorView<const T, 3>& x, const TensorView<const T, 2>& 
     const TensorView<T, 2> yb(y.data() + b * y.stride(0), {rows, y.dim(2)}, {y.stride(1), 1});
     auto out = as_matrix(yb);
     out.noalias() = as_matrix(xb) * w.transpose();  // y = x W^T
-    if (bias.data()) out.rowwise() += as_vector(bias);  // + b
+    if (!bias.empty()) out.rowwise() += as_vector(bias);  // + b (an empty bias is absent)
   }
 }
 
@@ -36,8 +36,9 @@ void linear_into(const TensorView<const T, 3>& x, const TensorView<const T, 2>& 
 template <typename T>
 void check_linear_arguments(const char* function, const std::string& name, const TensorView<const T, 3>& x,
                             const TensorView<const T, 2>& weight, const TensorView<const T, 1>& bias) {
-  check_shape<2>(function, name + " weight", weight.shape(), {any_extent, x.dim(2)});
-  if (bias.data()) check_shape<1>(function, name + " bias", bias.shape(), {weight.dim(0)});
+  const std::string prefix = name.empty() ? std::string() : name + " ";
+  check_shape<2>(function, prefix + "weight", weight.shape(), {any_extent, x.dim(2)});
+  if (!bias.empty()) check_shape<1>(function, prefix + "bias", bias.shape(), {weight.dim(0)});  // empty: absent
 }
 
 }  // namespace detail
@@ -65,16 +66,18 @@ Tensor<T, 3> fused_qkv_projection(const TensorView<const T, 3>& x, const std::ar
                                   const std::array<TensorView<const T, 1>, 3>& biases) {
   const Index outputs = weights[0].dim(0) + weights[1].dim(0) + weights[2].dim(0);
   RowMajorMatrix<T> stacked_weight(outputs, x.dim(2));
-  Tensor<T, 1> stacked_bias(std::array<Index, 1>{biases[0].data() ? outputs : 0});
+  // An empty bias is absent (a module without biases holds empty ones).
+  const bool has_bias = !biases[0].empty() || !biases[1].empty() || !biases[2].empty();
+  Tensor<T, 1> stacked_bias(std::array<Index, 1>{has_bias ? outputs : 0});
   Index row = 0;
   for (std::size_t m = 0; m < 3; ++m) {
     stacked_weight.middleRows(row, weights[m].dim(0)) = as_matrix(weights[m]);
-    if (biases[m].data()) as_vector(stacked_bias.view()).segment(row, weights[m].dim(0)) = as_vector(biases[m]);
+    if (!biases[m].empty()) as_vector(stacked_bias.view()).segment(row, weights[m].dim(0)) = as_vector(biases[m]);
     row += weights[m].dim(0);
   }
   Tensor<T, 3> y({x.dim(0), x.dim(1), outputs});
   const TensorView<const T, 2> w(stacked_weight.data(), {outputs, x.dim(2)});
-  linear_into(x, w, biases[0].data() ? TensorView<const T, 1>(stacked_bias) : TensorView<const T, 1>(), y.view());
+  linear_into(x, w, has_bias ? TensorView<const T, 1>(stacked_bias) : TensorView<const T, 1>(), y.view());
   return y;
 }
 

@@ -212,7 +212,12 @@ class Tensor {
   /// A contiguous copy of a view's elements.
   explicit Tensor(const TensorView<const T, Rank>& view) : Tensor(view.shape()) { copy_from(view); }
 
-  Tensor(const Tensor& other) : Tensor(other.shape_) { std::copy(other.data(), other.data() + size(), data()); }
+  // A copy of a tensor without storage (default-constructed: "absent") has none either, so it stays absent.
+  Tensor(const Tensor& other) : shape_(other.shape_) {
+    if (!other.data_) return;
+    data_.reset(new T[static_cast<std::size_t>(size())]());
+    std::copy(other.data(), other.data() + size(), data());
+  }
   Tensor(Tensor&& other) noexcept : data_(std::move(other.data_)), shape_(other.shape_) { other.shape_ = Shape{}; }
   Tensor& operator=(const Tensor& other) {
     if (this != &other) *this = Tensor(other);

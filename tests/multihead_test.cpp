@@ -1,0 +1,457 @@
+// Tests of multihead.hpp: PyTorch conformance, the defining properties of self-attention (permutation
+// equivariance, and its loss once positions are added), the module against its parts, and errors.
+#include <selfattn/selfattn.hpp>
+
+#include "support/brute_force.hpp"
+#include "support/compare.hpp"
+#include "support/fixture.hpp"
+#include "support/random.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+namespace selfattn {
+namespace {
+
+using test::all_close;
+using test::default_tolerance;
+using test::Random;
+
+// ---- PyTorch conformance -------------------------------------------------------------------------
+
+class PyTorchConformance : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PyTorchConformance, OutputAndPerHeadWeightsMatchNnMultiheadAttention) {
+  const test::Fixture fx = test::load_fixture(test::fixture_path("mha_" + GetParam() + ".txt"));
+  MultiHeadAttentionConfig cfg;
+  cfg.embed_dim = fx.integer("embed_dim");
+  cfg.num_heads = fx.integer("num_heads");
+  cfg.kdim = fx.integer("kdim");
+  cfg.vdim = fx.integer("vdim");
+  cfg.bias = fx.integer("bias") != 0;
+  MultiHeadAttention<double> mha(cfg);
+  auto& p = mha.params();
+  p.q_weight = fx.tensor<2>("q_weight");
+  p.k_weight = fx.tensor<2>("k_weight");
+  p.v_weight = fx.tensor<2>("v_weight");
+  p.out_weight = fx.tensor<2>("out_weight");
+  if (cfg.bias) {
+    p.q_bias = fx.tensor<1>("q_bias");
+    p.k_bias = fx.tensor<1>("k_bias");
+    p.v_bias = fx.tensor<1>("v_bias");
+    p.out_bias = fx.tensor<1>("out_bias");
+  }
+  AttentionOptions<double> opts;
+  opts.need_weights = true;
+  if (fx.integer("causal") == 1) opts.causal = Causal::top_left;
+  if (fx.has("key_lengths")) opts.key_lengths = fx.indices("key_lengths");
+  Tensor<bool, 4> allowed;
+  Tensor<double, 4> bias;
+  if (fx.has("allowed")) opts.allowed = allowed = fx.tensor<4, bool>("allowed");
+  if (fx.has("bias_mask")) opts.bias = bias = fx.tensor<4>("bias_mask");
+
+  const auto query = fx.tensor<3>("query"), key = fx.tensor<3>("key"), value = fx.tensor<3>("value");
+  const MhaForward<double> fwd = fx.integer("self_attention") ? mha.forward(query, opts) : mha.forward(query, key, value, opts);
+  EXPECT_TRUE(all_close(fwd.output, fx.tensor<3>("output"), 1e-10));
+  EXPECT_TRUE(all_close(fwd.weights, fx.tensor<4>("weights"), 1e-10));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, PyTorchConformance,
+                         ::testing::Values("self_basic", "key_padding", "attn_mask_bool", "attn_mask_float",
+                                           "attn_mask_float3d", "cross_kdim_vdim", "no_bias", "combined", "causal"));
+
+// ---- helpers -------------------------------------------------------------------------------------
+
+template <typename T>
+class MultiHeadTest : public ::testing::Test {};
+using Scalars = ::testing::Types<float, double>;
+TYPED_TEST_SUITE(MultiHeadTest, Scalars);
+
+// Rows of x (B, L, E) reordered: result row l is x row order[l], in every batch.
+template <typename T>
+Tensor<T, 3> permute_rows(const Tensor<T, 3>& x, const std::vector<Index>& order) {
+  Tensor<T, 3> y(x.shape());
+  for (Index b = 0; b < x.dim(0); ++b)
+    for (Index l = 0; l < x.dim(1); ++l)
+      for (Index e = 0; e < x.dim(2); ++e) y(b, l, e) = x(b, order[static_cast<std::size_t>(l)], e);
+  return y;
+}
+
+std::vector<Index> random_permutation(Index n, Random& random) {
+  std::vector<Index> order(static_cast<std::size_t>(n));
+  for (Index i = 0; i < n; ++i) order[static_cast<std::size_t>(i)] = i;
+  std::shuffle(order.begin(), order.end(), random.engine());
+  return order;
+}
+
+template <typename T>
+Tensor<T, 3> add_positions(const Tensor<T, 3>& x) {
+  const Tensor<T, 2> pe = sinusoidal_encoding<T>(x.dim(1), x.dim(2));
+  Tensor<T, 3> y = x;
+  for (Index b = 0; b < x.dim(0); ++b)
+    for (Index l = 0; l < x.dim(1); ++l)
+      for (Index e = 0; e < x.dim(2); ++e) y(b, l, e) += pe(l, e);
+  return y;
+}
+
+MultiHeadAttentionConfig config(Index embed_dim, Index heads) {
+  MultiHeadAttentionConfig cfg;
+  cfg.embed_dim = embed_dim;
+  cfg.num_heads = heads;
+  return cfg;
+}
+
+// ---- the defining property -----------------------------------------------------------------------
+
+// SelfAttn(P X) = P SelfAttn(X): attention without positions sees a set, not a sequence.
+TYPED_TEST(MultiHeadTest, SelfAttentionIsPermutationEquivariant) {
+  using T = TypeParam;
+  Random random(1);
+  MultiHeadAttention<T> mha(config(16, 4), 3);
+  mha.params().q_bias = random.normal_tensor<T, 1>({16});  // non-zero biases take part too
+  mha.params().out_bias = random.normal_tensor<T, 1>({16});
+  const auto x = random.normal_tensor<T, 3>({2, 7, 16});
+  for (int trial = 0; trial < 5; ++trial) {
+    const auto order = random_permutation(7, random);
+    const auto permuted_then_attended = mha.forward(permute_rows(x, order)).output;
+    const auto attended_then_permuted = permute_rows(mha.forward(x).output, order);
+    EXPECT_TRUE(all_close(permuted_then_attended, attended_then_permuted, default_tolerance<T>()));
+  }
+}
+
+// Adding sinusoidal positions to X (positions stay with the slots while tokens move) breaks it.
+TYPED_TEST(MultiHeadTest, SinusoidalPositionsBreakPermutationEquivariance) {
+  using T = TypeParam;
+  Random random(2);
+  MultiHeadAttention<T> mha(config(16, 4), 3);
+  const auto x = random.normal_tensor<T, 3>({2, 7, 16});
+  const std::vector<Index> order = {3, 0, 6, 1, 5, 2, 4};
+  const auto permuted = mha.forward(add_positions(permute_rows(x, order))).output;
+  const auto unpermuted = permute_rows(mha.forward(add_positions(x)).output, order);
+  EXPECT_GT(test::max_abs_difference(permuted, unpermuted), 1e-2);
+}
+
+TYPED_TEST(MultiHeadTest, RotaryPositionsBreakPermutationEquivariance) {
+  using T = TypeParam;
+  Random random(3);
+  MultiHeadAttentionConfig cfg = config(16, 4);
+  cfg.rope_dim = 4;
+  MultiHeadAttention<T> mha(cfg, 3);
+  const auto x = random.normal_tensor<T, 3>({2, 7, 16}, 2.0);
+  const std::vector<Index> order = {3, 0, 6, 1, 5, 2, 4};
+  const auto permuted = mha.forward(permute_rows(x, order)).output;
+  const auto unpermuted = permute_rows(mha.forward(x).output, order);
+  EXPECT_GT(test::max_abs_difference(permuted, unpermuted), 1e-2);
+}
+
+// Cross-attention: permuting keys and values together (the same permutation) changes nothing.
+TYPED_TEST(MultiHeadTest, CrossAttentionIsInvariantToJointKeyValuePermutation) {
+  using T = TypeParam;
+  Random random(4);
+  MultiHeadAttentionConfig cfg = config(12, 3);
+  cfg.kdim = 5;
+  cfg.vdim = 7;
+  MultiHeadAttention<T> mha(cfg, 9);
+  const auto query = random.normal_tensor<T, 3>({2, 4, 12});
+  const auto key = random.normal_tensor<T, 3>({2, 9, 5});
+  const auto value = random.normal_tensor<T, 3>({2, 9, 7});
+  const auto order = random_permutation(9, random);
+  AttentionOptions<T> opts;
+  opts.need_weights = true;
+  const auto plain = mha.forward(query, key, value, opts);
+  const auto shuffled = mha.forward(query, permute_rows(key, order), permute_rows(value, order), opts);
+  EXPECT_TRUE(all_close(shuffled.output, plain.output, default_tolerance<T>()));
+  // The weights move with their keys: shuffled column j is plain column order[j].
+  for (Index h = 0; h < 3; ++h)
+    for (Index i = 0; i < 4; ++i)
+      for (Index j = 0; j < 9; ++j)
+        EXPECT_NEAR(shuffled.weights(1, h, i, j), plain.weights(1, h, i, order[static_cast<std::size_t>(j)]),
+                    default_tolerance<T>());
+}
+
+TYPED_TEST(MultiHeadTest, CausalRowIgnoresLaterTokens) {
+  using T = TypeParam;
+  Random random(5);
+  MultiHeadAttention<T> mha(config(8, 2), 1);
+  auto x = random.normal_tensor<T, 3>({1, 6, 8});
+  AttentionOptions<T> opts;
+  opts.causal = Causal::top_left;
+  const auto before = mha.forward(x, opts).output;
+  for (Index e = 0; e < 8; ++e) x(0, 4, e) += T(3);  // change token 4
+  const auto after = mha.forward(x, opts).output;
+  for (Index l = 0; l < 4; ++l)
+    for (Index e = 0; e < 8; ++e) EXPECT_EQ(after(0, l, e), before(0, l, e)) << "row " << l;
+  EXPECT_GT(test::max_abs_difference(after, before), 1e-3);
+}
+
+// ---- the module against its parts ----------------------------------------------------------------
+
+// Projections by loops, heads by index arithmetic, RoPE at bottom-right positions, brute-force attention.
+template <typename T>
+Tensor<T, 3> module_by_hand(const MultiHeadAttention<T>& mha, const Tensor<T, 3>& query, const Tensor<T, 3>& key,
+                            const Tensor<T, 3>& value, AttentionOptions<T> opts) {
+  const auto& cfg = mha.config();
+  const auto& p = mha.params();
+  const Index B = query.dim(0), Lq = query.dim(1), Lk = key.dim(1), H = cfg.num_heads, Hkv = cfg.num_kv_heads,
+              Dh = mha.head_dim();
+  const auto project = [](const Tensor<T, 3>& x, const Tensor<T, 2>& w, const Tensor<T, 1>& bias, Index heads) {
+    const Index Dh = w.dim(0) / heads;
+    Tensor<T, 4> y({x.dim(0), heads, x.dim(1), Dh});
+    for (Index b = 0; b < x.dim(0); ++b)
+      for (Index l = 0; l < x.dim(1); ++l)
+        for (Index o = 0; o < w.dim(0); ++o) {
+          long double sum = bias.size() ? bias(o) : T(0);
+          for (Index i = 0; i < x.dim(2); ++i) sum += static_cast<long double>(x(b, l, i)) * w(o, i);
+          y(b, o / Dh, l, o % Dh) = static_cast<T>(sum);
+        }
+    return y;
+  };
+  auto q = project(query, p.q_weight, p.q_bias, H), k = project(key, p.k_weight, p.k_bias, Hkv),
+       v = project(value, p.v_weight, p.v_bias, Hkv);
+  if (cfg.rope_dim > 0) {
+    const RotaryEmbedding<T> rope(cfg.rope_dim, static_cast<T>(cfg.rope_base), cfg.rope_style);
+    rope.apply(q, Lk - Lq);
+    rope.apply(k, 0);
+  }
+  if (cfg.alibi) opts.alibi_slopes = alibi_slopes<T>(H);
+  const auto heads = test::brute_force_attention<T>(q, k, v, opts).out;
+  Tensor<T, 3> out({B, Lq, cfg.embed_dim});
+  for (Index b = 0; b < B; ++b)
+    for (Index l = 0; l < Lq; ++l)
+      for (Index o = 0; o < cfg.embed_dim; ++o) {
+        long double sum = p.out_bias.size() ? p.out_bias(o) : T(0);
+        for (Index i = 0; i < cfg.embed_dim; ++i) sum += static_cast<long double>(heads(b, i / Dh, l, i % Dh)) * p.out_weight(o, i);
+        out(b, l, o) = static_cast<T>(sum);
+      }
+  return out;
+}
+
+TYPED_TEST(MultiHeadTest, ModuleMatchesItsPartsAcrossConfigurations) {
+  using T = TypeParam;
+  Random random(6);
+  struct Case {
+    Index E, H, Hkv, kdim, vdim, rope_dim;
+    RopeStyle style;
+    bool alibi, bias;
+    Index Lq, Lk;
+    Causal causal;
+  };
+  const std::vector<Case> cases = {
+      {16, 4, 0, 0, 0, 0, RopeStyle::half, false, true, 5, 5, Causal::none},
+      {16, 4, 2, 0, 0, 4, RopeStyle::half, false, true, 6, 6, Causal::top_left},         // GQA + partial RoPE
+      {16, 4, 1, 0, 0, 4, RopeStyle::interleaved, true, false, 3, 7, Causal::bottom_right},  // MQA, cross, ALiBi
+      {12, 3, 3, 5, 7, 2, RopeStyle::half, false, true, 4, 9, Causal::none},              // kdim, vdim, RoPE
+      {18, 6, 3, 0, 0, 0, RopeStyle::half, true, true, 7, 7, Causal::top_left},           // ALiBi, 6 heads
+  };
+  for (const Case& c : cases) {
+    MultiHeadAttentionConfig cfg = config(c.E, c.H);
+    cfg.num_kv_heads = c.Hkv;
+    cfg.kdim = c.kdim;
+    cfg.vdim = c.vdim;
+    cfg.rope_dim = c.rope_dim;
+    cfg.rope_style = c.style;
+    cfg.alibi = c.alibi;
+    cfg.bias = c.bias;
+    MultiHeadAttention<T> mha(cfg, 7);
+    auto& p = mha.params();
+    if (c.bias)
+      for (Tensor<T, 1>* b : {&p.q_bias, &p.k_bias, &p.v_bias, &p.out_bias}) *b = random.normal_tensor<T, 1>(b->shape());
+    const auto query = random.normal_tensor<T, 3>({2, c.Lq, c.E});
+    const auto key = random.normal_tensor<T, 3>({2, c.Lk, mha.config().kdim});
+    const auto value = random.normal_tensor<T, 3>({2, c.Lk, mha.config().vdim});
+    AttentionOptions<T> opts;
+    opts.causal = c.causal;
+    opts.key_lengths = {c.Lk, c.Lk - 1};
+    const std::string where = "case #" + std::to_string(&c - cases.data());
+    EXPECT_TRUE(all_close(mha.forward(query, key, value, opts).output, module_by_hand(mha, query, key, value, opts),
+                          default_tolerance<T>()))
+        << where;
+    if (c.Lq == c.Lk && c.kdim == 0 && c.vdim == 0) {  // the fused Q|K|V projection path
+      EXPECT_TRUE(all_close(mha.forward(query, opts).output, module_by_hand(mha, query, query, query, opts),
+                            default_tolerance<T>()))
+          << where << " (self-attention)";
+    }
+  }
+}
+
+// The fused Q|K|V GEMM (query, key and value are the same tensor) equals three separate projections.
+TYPED_TEST(MultiHeadTest, FusedProjectionEqualsSeparateProjections) {
+  using T = TypeParam;
+  Random random(7);
+  MultiHeadAttentionConfig cfg = config(16, 4);
+  cfg.num_kv_heads = 2;
+  MultiHeadAttention<T> mha(cfg, 2);
+  const auto x = random.normal_tensor<T, 3>({2, 9, 16});
+  const Tensor<T, 3> copy = x;  // different memory: takes the three-GEMM path
+  EXPECT_TRUE(all_close(mha.forward(x).output, mha.forward(x, copy, copy).output, default_tolerance<T>()));
+}
+
+// With RoPE, a query block at the end of the keys sits at the last positions (bottom-right alignment):
+// attending with the last query row alone equals the last row of full self-attention.
+TYPED_TEST(MultiHeadTest, RopeQueryPositionsAreBottomRightAligned) {
+  using T = TypeParam;
+  Random random(8);
+  MultiHeadAttentionConfig cfg = config(16, 2);
+  cfg.rope_dim = 8;
+  MultiHeadAttention<T> mha(cfg, 4);
+  const auto x = random.normal_tensor<T, 3>({1, 6, 16});
+  const TensorView<const T, 3> last(x.data() + 5 * 16, {1, 1, 16});
+  const auto full = mha.forward(x).output;
+  const auto tail = mha.forward(last, x, x).output;
+  for (Index e = 0; e < 16; ++e) EXPECT_NEAR(tail(0, 0, e), full(0, 5, e), default_tolerance<T>());
+}
+
+TYPED_TEST(MultiHeadTest, AlibiConfigEqualsAlibiOption) {
+  using T = TypeParam;
+  Random random(9);
+  MultiHeadAttentionConfig cfg = config(12, 6);
+  MultiHeadAttention<T> plain(cfg, 5);
+  cfg.alibi = true;
+  MultiHeadAttention<T> with_alibi(cfg, 5);
+  const auto x = random.normal_tensor<T, 3>({1, 8, 12});
+  AttentionOptions<T> opts;
+  opts.alibi_slopes = alibi_slopes<T>(6);
+  EXPECT_TRUE(all_close(with_alibi.forward(x).output, plain.forward(x, opts).output, 0.0));
+  EXPECT_GT(test::max_abs_difference(with_alibi.forward(x).output, plain.forward(x).output), 1e-4);
+  EXPECT_THROW(with_alibi.forward(x, opts), std::invalid_argument);  // ALiBi twice
+}
+
+TYPED_TEST(MultiHeadTest, PerHeadWeightsOnRequest) {
+  using T = TypeParam;
+  Random random(10);
+  MultiHeadAttention<T> mha(config(8, 2), 1);
+  const auto x = random.normal_tensor<T, 3>({2, 5, 8});
+  AttentionOptions<T> opts;
+  EXPECT_EQ(mha.forward(x, opts).weights.size(), 0);
+  opts.need_weights = true;
+  opts.key_lengths = {5, 3};
+  const auto w = mha.forward(x, opts).weights;
+  ASSERT_EQ(w.shape(), (std::array<Index, 4>{2, 2, 5, 5}));
+  for (Index h = 0; h < 2; ++h)
+    for (Index i = 0; i < 5; ++i) {
+      T sum = 0;
+      for (Index j = 0; j < 5; ++j) sum += w(1, h, i, j);
+      EXPECT_NEAR(sum, T(1), default_tolerance<T>());
+      EXPECT_EQ(w(1, h, i, 3), T(0));
+      EXPECT_EQ(w(1, h, i, 4), T(0));
+    }
+}
+
+TYPED_TEST(MultiHeadTest, DropoutOnlyInTrainingMode) {
+  using T = TypeParam;
+  Random random(11);
+  MultiHeadAttentionConfig cfg = config(8, 2);
+  cfg.dropout = 0.5;
+  MultiHeadAttention<T> mha(cfg, 1);
+  const auto x = random.normal_tensor<T, 3>({1, 6, 8});
+  AttentionOptions<T> opts;
+  opts.dropout_p = T(0.9);  // not used by the module
+  const auto eval = mha.forward(x, opts).output;
+  EXPECT_TRUE(all_close(eval, mha.forward(x).output, 0.0));
+  mha.set_training(true);
+  opts.seed = 3;
+  const auto train = mha.forward(x, opts).output;
+  EXPECT_GT(test::max_abs_difference(train, eval), 1e-3);
+  EXPECT_TRUE(all_close(mha.forward(x, opts).output, train, 0.0)) << "same seed, same dropout";
+}
+
+TYPED_TEST(MultiHeadTest, InitialisationIsSeededXavierUniformWithZeroBiases) {
+  using T = TypeParam;
+  MultiHeadAttentionConfig cfg = config(32, 4);
+  cfg.kdim = 16;
+  const MultiHeadAttention<T> a(cfg, 1), b(cfg, 1), c(cfg, 2);
+  EXPECT_TRUE(all_close(a.params().q_weight, b.params().q_weight, 0.0));
+  EXPECT_FALSE(all_close(a.params().q_weight, c.params().q_weight, 1e-3));
+  const auto within = [](const Tensor<T, 2>& w, double bound) {
+    double largest = 0, sum_squares = 0;
+    for (Index n = 0; n < w.size(); ++n) {
+      largest = std::max(largest, std::abs(static_cast<double>(w.data()[n])));
+      sum_squares += static_cast<double>(w.data()[n]) * static_cast<double>(w.data()[n]);
+    }
+    // Uniform(-bound, bound) has variance bound^2 / 3.
+    return largest <= bound && std::abs(sum_squares / static_cast<double>(w.size()) - bound * bound / 3) < 0.2 * bound * bound / 3;
+  };
+  EXPECT_TRUE(within(a.params().q_weight, std::sqrt(6.0 / 64)));
+  EXPECT_TRUE(within(a.params().k_weight, std::sqrt(6.0 / 48)));
+  EXPECT_TRUE(within(a.params().out_weight, 1.0 / std::sqrt(32.0)));
+  for (const Tensor<T, 1>* bias : {&a.params().q_bias, &a.params().k_bias, &a.params().v_bias, &a.params().out_bias}) {
+    ASSERT_EQ(bias->size(), 32);
+    for (Index n = 0; n < 32; ++n) EXPECT_EQ(bias->data()[n], T(0));
+  }
+  cfg.bias = false;
+  EXPECT_EQ(MultiHeadAttention<T>(cfg).params().q_bias.size(), 0);
+}
+
+TYPED_TEST(MultiHeadTest, StridedInputViewsEqualContiguousCopies) {
+  using T = TypeParam;
+  Random random(12);
+  MultiHeadAttention<T> mha(config(8, 2), 1);
+  const auto wide = random.normal_tensor<T, 3>({2, 5, 24});  // x is the middle 8 columns of each row
+  const TensorView<const T, 3> x(wide.data() + 8, {2, 5, 8}, {5 * 24, 24, 1});
+  const Tensor<T, 3> copy(x);
+  EXPECT_TRUE(all_close(mha.forward(x).output, mha.forward(copy).output, default_tolerance<T>()));
+}
+
+// ---- errors ----------------------------------------------------------------------------------------
+
+template <typename E, typename F>
+void expect_error(F&& call, const std::vector<std::string>& fragments) {
+  try {
+    call();
+    ADD_FAILURE() << "no exception";
+  } catch (const E& error) {
+    const std::string message = error.what();
+    for (const auto& fragment : fragments)
+      EXPECT_NE(message.find(fragment), std::string::npos) << "'" << fragment << "' not in: " << message;
+  } catch (const std::exception& other) {
+    ADD_FAILURE() << "wrong exception type: " << other.what();
+  }
+}
+
+TYPED_TEST(MultiHeadTest, BadConfigurationsThrowNamingTheField) {
+  using T = TypeParam;
+  const auto make = [](auto change) {
+    return [change] {
+      MultiHeadAttentionConfig cfg = config(16, 4);
+      change(cfg);
+      MultiHeadAttention<T> mha(cfg);
+    };
+  };
+  expect_error<std::invalid_argument>(make([](auto& c) { c.embed_dim = 0; }), {"cfg.embed_dim"});
+  expect_error<std::invalid_argument>(make([](auto& c) { c.num_heads = 3; }), {"cfg.num_heads", "16", "3"});
+  expect_error<std::invalid_argument>(make([](auto& c) { c.num_kv_heads = 3; }), {"cfg.num_kv_heads", "3"});
+  expect_error<std::invalid_argument>(make([](auto& c) { c.kdim = -1; }), {"cfg.kdim"});
+  expect_error<std::invalid_argument>(make([](auto& c) { c.vdim = -2; }), {"cfg.vdim"});
+  expect_error<std::invalid_argument>(make([](auto& c) { c.dropout = 1.0; }), {"cfg.dropout"});
+  expect_error<std::invalid_argument>(make([](auto& c) { c.rope_dim = 3; }), {"cfg.rope_dim"});
+  expect_error<std::invalid_argument>(make([](auto& c) { c.rope_dim = 6; }), {"cfg.rope_dim", "head_dim = 4"});
+  expect_error<std::invalid_argument>(make([](auto& c) { c.rope_base = 0; }), {"cfg.rope_base"});
+}
+
+TYPED_TEST(MultiHeadTest, BadInputsThrowBeforeAnyWork) {
+  using T = TypeParam;
+  MultiHeadAttentionConfig cfg = config(8, 2);
+  cfg.kdim = 6;
+  MultiHeadAttention<T> mha(cfg);
+  const Tensor<T, 3> query({2, 4, 8}), key({2, 5, 6}), value({2, 5, 8});
+  expect_error<ShapeError>([&] { mha.forward(Tensor<T, 3>({2, 4, 7}), key, value); },
+                           {"[MultiHeadAttention::forward]", "query", "(*, *, 8)", "(2, 4, 7)"});
+  expect_error<ShapeError>([&] { mha.forward(query, Tensor<T, 3>({2, 5, 8}), value); }, {"key", "(2, *, 6)", "(2, 5, 8)"});
+  expect_error<ShapeError>([&] { mha.forward(query, key, Tensor<T, 3>({2, 4, 8})); }, {"value", "(2, 5, 8)", "(2, 4, 8)"});
+  expect_error<ShapeError>([&] { mha.forward(query, Tensor<T, 3>({3, 5, 6}), value); }, {"key", "(3, 5, 6)"});
+  AttentionOptions<T> opts;
+  opts.key_lengths = {1, 2, 3};
+  expect_error<ShapeError>([&] { mha.forward(query, key, value, opts); }, {"opts.key_lengths"});
+  const Tensor<bool, 4> mask({2, 2, 4, 4});
+  AttentionOptions<T> masked;
+  masked.allowed = mask;
+  expect_error<ShapeError>([&] { mha.forward(query, key, value, masked); }, {"opts.allowed", "(2, 2, 4, 5)"});
+  mha.params().k_weight = Tensor<T, 2>({8, 8});  // no longer (8, kdim)
+  expect_error<ShapeError>([&] { mha.forward(query, key, value); }, {"params().k_weight", "(8, 6)", "(8, 8)"});
+}
+
+}  // namespace
+}  // namespace selfattn
