@@ -4,6 +4,7 @@
 
 #include "support/brute_force.hpp"
 #include "support/compare.hpp"
+#include "support/expect_error.hpp"
 #include "support/random.hpp"
 
 #include <gtest/gtest.h>
@@ -18,6 +19,7 @@ namespace {
 
 using test::all_close;
 using test::default_tolerance;
+using test::expect_error;
 using test::Random;
 
 template <typename T>
@@ -371,20 +373,6 @@ TYPED_TEST(AttentionTest, EmptyExtentsGiveEmptyOrZeroResults) {
 
 // ---- validation ------------------------------------------------------------------------------------
 
-// Expects `call` to throw E with every fragment in its message.
-template <typename E, typename F>
-void expect_error(F&& call, const std::vector<std::string>& fragments) {
-  try {
-    call();
-    ADD_FAILURE() << "no exception";
-  } catch (const E& error) {
-    const std::string message = error.what();
-    for (const auto& fragment : fragments)
-      EXPECT_NE(message.find(fragment), std::string::npos) << "'" << fragment << "' not in: " << message;
-  } catch (const std::exception& other) {
-    ADD_FAILURE() << "wrong exception type: " << other.what();
-  }
-}
 
 TYPED_TEST(AttentionTest, BadShapesThrowShapeErrorNamingTheArgument) {
   using T = TypeParam;

@@ -4,6 +4,7 @@
 
 #include "support/brute_force.hpp"
 #include "support/compare.hpp"
+#include "support/expect_error.hpp"
 #include "support/fixture.hpp"
 #include "support/random.hpp"
 
@@ -18,6 +19,7 @@ namespace {
 
 using test::all_close;
 using test::default_tolerance;
+using test::expect_error;
 using test::Random;
 
 // ---- PyTorch conformance -------------------------------------------------------------------------
@@ -397,19 +399,6 @@ TYPED_TEST(MultiHeadTest, StridedInputViewsEqualContiguousCopies) {
 
 // ---- errors ----------------------------------------------------------------------------------------
 
-template <typename E, typename F>
-void expect_error(F&& call, const std::vector<std::string>& fragments) {
-  try {
-    call();
-    ADD_FAILURE() << "no exception";
-  } catch (const E& error) {
-    const std::string message = error.what();
-    for (const auto& fragment : fragments)
-      EXPECT_NE(message.find(fragment), std::string::npos) << "'" << fragment << "' not in: " << message;
-  } catch (const std::exception& other) {
-    ADD_FAILURE() << "wrong exception type: " << other.what();
-  }
-}
 
 TYPED_TEST(MultiHeadTest, BadConfigurationsThrowNamingTheField) {
   using T = TypeParam;
