@@ -27,6 +27,16 @@ struct AttentionForward {
   Tensor<T, 4> weights;
 };
 
+/// \brief What `sdpa_backward` returns: gradients of a scalar loss with respect to q, k, v (their shapes)
+/// and, when `opts.bias` is set, the bias in its own (broadcast) shape; `dbias` is empty otherwise.
+template <typename T>
+struct AttentionGradients {
+  Tensor<T, 4> dq;
+  Tensor<T, 4> dk;
+  Tensor<T, 4> dv;
+  Tensor<T, 4> dbias;
+};
+
 namespace detail {
 
 /// Validates options against the attention shape (B, H, Lq, Lk) and throws before anything is computed.
@@ -125,6 +135,28 @@ AttentionForward<T> sdpa_forward_views(const char* function, const TensorView<co
   return result;
 }
 
+/// sdpa_backward on views of one element type: validate, allocate, run the kernel.
+template <typename T>
+AttentionGradients<T> sdpa_backward_views(const char* function, const TensorView<const T, 4>& q,
+                                          const TensorView<const T, 4>& k, const TensorView<const T, 4>& v,
+                                          const TensorView<const T, 4>& out, const TensorView<const T, 3>& lse,
+                                          const TensorView<const T, 4>& dout, const AttentionOptions<T>& opts) {
+  validate_query_key(function, q, k);
+  check_shape<4>(function, "v", v.shape(), {k.dim(0), k.dim(1), k.dim(2), any_extent});
+  const std::array<Index, 4> out_shape{q.dim(0), q.dim(1), q.dim(2), v.dim(3)};
+  check_shape<4>(function, "out", out.shape(), out_shape);
+  check_shape<3>(function, "lse", lse.shape(), {q.dim(0), q.dim(1), q.dim(2)});
+  check_shape<4>(function, "dout", dout.shape(), out_shape);
+  validate_options(function, opts, q.dim(0), q.dim(1), q.dim(2), k.dim(2));
+
+  AttentionGradients<T> g{Tensor<T, 4>(q.shape()), Tensor<T, 4>(k.shape()), Tensor<T, 4>(v.shape()), Tensor<T, 4>()};
+  if (opts.bias.data()) g.dbias = Tensor<T, 4>(opts.bias.shape());
+  reference_backward(make_params(q, k, v, opts),
+                     BackwardTensors<T>{out, lse, dout, g.dq.view(), g.dk.view(), g.dv.view(),
+                                        opts.bias.data() ? g.dbias.view() : TensorView<T, 4>()});
+  return g;
+}
+
 }  // namespace detail
 
 /// \brief Scaled dot-product attention: out = softmax(scale * q k^T + masks) v, with lse and optional weights.
@@ -144,6 +176,29 @@ AttentionForward<detail::scalar_of<Q>> sdpa_forward(const Q& q, const K& k, cons
                                                     const AttentionOptions<detail::scalar_of<Q>>& opts = {}) {
   return detail::sdpa_forward_views("sdpa_forward", detail::const_view(q), detail::const_view(k), detail::const_view(v),
                                     opts);
+}
+
+/// \brief Gradients of scaled dot-product attention, given the forward's `out` and `lse` for the same inputs
+/// and options and the upstream gradient `dout`.
+///
+/// Shapes: q (B, H, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv), out and dout (B, H, Lq, Dv), lse (B, H, Lq)
+/// -> dq, dk, dv of the shapes of q, k, v; dbias of the shape of opts.bias when set. Key/value heads shared by
+/// several query heads accumulate the gradients of the whole group. Dropout regenerates the forward's mask from
+/// (opts.seed, b, h, i, j). Rows without an allowed key contribute nothing. Derivation: docs/backward.md.
+/// \code
+/// auto fwd = sdpa_forward(q, k, v, opts);
+/// auto g = sdpa_backward(q, k, v, fwd.out, fwd.lse, dout, opts);   // g.dq, g.dk, g.dv
+/// \endcode
+template <typename Q, typename K, typename V, typename O, typename L, typename DO,
+          typename = std::enable_if_t<detail::are_attention_inputs<Q, K, V> && detail::are_attention_inputs<O, DO, Q> &&
+                                      detail::is_tensor_of_rank<L, 3> &&
+                                      std::is_same_v<detail::scalar_of<L>, detail::scalar_of<Q>>>>
+AttentionGradients<detail::scalar_of<Q>> sdpa_backward(const Q& q, const K& k, const V& v, const O& out, const L& lse,
+                                                       const DO& dout,
+                                                       const AttentionOptions<detail::scalar_of<Q>>& opts = {}) {
+  return detail::sdpa_backward_views("sdpa_backward", detail::const_view(q), detail::const_view(k),
+                                     detail::const_view(v), detail::const_view(out), detail::const_view(lse),
+                                     detail::const_view(dout), opts);
 }
 
 /// \brief The attention output only: (B, H, Lq, Dv). `opts.need_weights` is ignored.

@@ -8,6 +8,7 @@
 #include <selfattn/tensor.hpp>
 
 #include <array>
+#include <string>
 #include <type_traits>
 
 namespace selfattn {

@@ -171,9 +171,10 @@ class TensorView {
     return TensorView(data_, shape, strides);
   }
 
-  /// The same elements under another shape of equal size; needs a contiguous view.
-  template <int NewRank>
-  TensorView<T, NewRank> reshape(const std::array<Index, NewRank>& shape) const {
+  /// The same elements under another shape of equal size; needs a contiguous view. The rank is deduced
+  /// from a `std::array<Index, N>` or given explicitly: `v.reshape<2>({6, 4})`.
+  template <std::size_t N, int NewRank = static_cast<int>(N)>
+  TensorView<T, NewRank> reshape(const std::array<Index, N>& shape) const {
     if (!is_contiguous())
       throw std::invalid_argument("selfattn::TensorView::reshape: the view is not contiguous");
     if (detail::product<NewRank>(shape) != size())

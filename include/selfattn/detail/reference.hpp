@@ -8,6 +8,7 @@
 #include <selfattn/mask.hpp>
 #include <selfattn/tensor.hpp>
 
+#include <array>
 #include <cmath>
 #include <limits>
 
@@ -41,6 +42,26 @@ struct ForwardOutputs {
   TensorView<T, 3> lse;
   TensorView<T, 4> weights;
 };
+
+/// Inputs and outputs of a backward kernel, shapes of the forward's: out, dout (B, H, Lq, Dv), lse (B, H, Lq);
+/// dq, dk, dv like q, k, v; dbias like the bias (its broadcast shape), absent without a bias.
+template <typename T>
+struct BackwardTensors {
+  TensorView<const T, 4> out;
+  TensorView<const T, 3> lse;
+  TensorView<const T, 4> dout;
+  TensorView<T, 4> dq;
+  TensorView<T, 4> dk;
+  TensorView<T, 4> dv;
+  TensorView<T, 4> dbias;
+};
+
+/// The weight that multiplies v_j in o_i: P_ij, or P_ij * keep_ij / (1 - p) under dropout.
+template <typename T>
+T dropped_weight(const AttentionParams<T>& p, Index b, Index h, Index i, Index j, T probability) {
+  if (!p.dropout.active()) return probability;
+  return p.dropout.keep(b, h, i, j) ? probability * p.dropout.keep_scale() : T(0);
+}
 
 /// Pass 1 for one (b, h): S = scale * Q K^T + bias + ALiBi, with -inf wherever query i may not see key j.
 /// A score that is -inf (a -inf bias, say) counts as masked too.
@@ -108,10 +129,63 @@ void reference_forward(const AttentionParams<T>& p, const ForwardOutputs<T>& res
       out.setZero();
       for (Index i = 0; i < p.q_len(); ++i)
         for (Index j = 0; j < p.k_len(); ++j) {
-          T weight = probabilities(i, j);
-          if (p.dropout.active()) weight = p.dropout.keep(b, h, i, j) ? weight * p.dropout.keep_scale() : T(0);
+          const T weight = dropped_weight(p, b, h, i, j, probabilities(i, j));
           if (weight != T(0)) out.row(i) += weight * v.row(j);
         }
+    }
+}
+
+/// The reference backward: the forward's passes in reverse, per (batch, head), with P recomputed from
+/// the saved lse instead of stored. Writes dq; accumulates dk, dv over the query heads sharing a key/value
+/// head, and dbias over its broadcast dimensions.
+template <typename T>
+void reference_backward(const AttentionParams<T>& p, const BackwardTensors<T>& g) {
+  constexpr T minus_infinity = -std::numeric_limits<T>::infinity();
+  for (const TensorView<T, 4>& accumulated : {g.dk, g.dv, g.dbias})
+    for (Index n = 0; n < accumulated.size(); ++n) accumulated.data()[n] = T(0);  // contiguous, owned by the caller
+  // dbias is read with broadcasting: a gradient summed over every dimension the bias was broadcast along.
+  std::array<Index, 4> dbias_strides{};
+  for (int d = 0; d < 4; ++d) dbias_strides[static_cast<std::size_t>(d)] = g.dbias.dim(d) == 1 ? 0 : g.dbias.stride(d);
+
+  for (Index b = 0; b < p.batch(); ++b)
+    for (Index h = 0; h < p.heads(); ++h) {
+      const Index hk = p.kv_head(h);
+      const auto q = as_matrix(p.q[b][h]);
+      const auto k = as_matrix(p.k[b][hk]);
+      const auto v = as_matrix(p.v[b][hk]);
+      const auto out = as_matrix(g.out[b][h]);
+      const auto dout = as_matrix(g.dout[b][h]);
+      auto dq = as_matrix(g.dq[b][h]);
+      auto dk = as_matrix(g.dk[b][hk]);
+      auto dv = as_matrix(g.dv[b][hk]);
+      dq.setZero();
+
+      // Pass 1 again: s_ij = scale * q_i . k_j + bias_ij - slope_h |i + off - j|, or -inf where masked.
+      const RowMajorMatrix<T> s = reference_scores(p, b, h);
+      for (Index i = 0; i < p.q_len(); ++i) {
+        // Pass 2 from the saved lse: P_ij = exp(s_ij - lse_i), which equals exp(s_ij - m_i) / l_i.
+        const T lse = g.lse(b, h, i);
+        // D_i = rowsum(dO_i * O_i) = sum_j P_ij dP_ij: the softmax Jacobian's rank-one part, O(Dv) per row.
+        const T d_i = dout.row(i).dot(out.row(i));
+        for (Index j = 0; j < p.k_len(); ++j) {
+          if (s(i, j) == minus_infinity) continue;  // masked: no gradient, and NaN in k_j / v_j stays out
+          const T probability = std::exp(s(i, j) - lse);
+          if (probability == T(0)) continue;
+          // Pass 3, o_i = sum_j W_ij v_j with W_ij = P_ij keep_ij / (1 - p):
+          //   dv_j += W_ij dO_i;   dP_ij = (dO_i . v_j) * keep_ij / (1 - p)
+          const T weight = dropped_weight(p, b, h, i, j, probability);
+          if (weight != T(0)) dv.row(j) += weight * dout.row(i);
+          const T d_probability = dropped_weight(p, b, h, i, j, dout.row(i).dot(v.row(j)));
+          // Softmax: dS_ij = P_ij (dP_ij - D_i)
+          const T d_score = probability * (d_probability - d_i);
+          // Scores: dq_i += scale dS_ij k_j;  dk_j += scale dS_ij q_i;  dbias_ij += dS_ij
+          dq.row(i) += (p.scale * d_score) * k.row(j);
+          dk.row(j) += (p.scale * d_score) * q.row(i);
+          if (g.dbias.data())
+            g.dbias.data()[b * dbias_strides[0] + h * dbias_strides[1] + i * dbias_strides[2] + j * dbias_strides[3]] +=
+                d_score;
+        }
+      }
     }
 }
 

@@ -1,0 +1,36 @@
+// tests/support/gradcheck.hpp — central finite differences in double, to check analytic gradients.
+//
+//   auto numeric = numerical_gradient(q, [&] { return loss(); });
+//   EXPECT_TRUE(all_close(analytic.dq, numeric, 1e-7));
+#pragma once
+
+#include <selfattn/tensor.hpp>
+
+namespace selfattn::test {
+
+/// d loss / d x by central differences, (loss(x + h e_n) - loss(x - h e_n)) / 2h for every element n.
+/// `x` is perturbed in place and restored exactly; `loss` must read it.
+template <int Rank, typename Loss>
+Tensor<double, Rank> numerical_gradient(Tensor<double, Rank>& x, Loss&& loss, double step = 1e-6) {
+  Tensor<double, Rank> gradient(x.shape());
+  for (Index n = 0; n < x.size(); ++n) {
+    const double original = x.data()[n];
+    x.data()[n] = original + step;
+    const double up = loss();
+    x.data()[n] = original - step;
+    const double down = loss();
+    x.data()[n] = original;
+    gradient.data()[n] = (up - down) / (2 * step);
+  }
+  return gradient;
+}
+
+/// sum(y * weights): a scalar loss whose gradient with respect to y is `weights`.
+template <typename Y, typename W>
+double weighted_sum(const Y& y, const W& weights) {
+  double sum = 0;
+  for (Index n = 0; n < y.size(); ++n) sum += static_cast<double>(y.data()[n]) * static_cast<double>(weights.data()[n]);
+  return sum;
+}
+
+}  // namespace selfattn::test
