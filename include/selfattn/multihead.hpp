@@ -87,6 +87,15 @@ struct MhaForward {
   AttentionOptions<T> options;        // the options the attention ran with (ALiBi, dropout filled in)
 };
 
+/// \brief What MultiHeadAttention::backward returns: input gradients d_query (B, Lq, E), d_key (B, Lk, kdim),
+/// d_value (B, Lk, vdim) — for self-attention the gradient of x is their sum — and the parameter gradients
+/// under the names and shapes of params().
+template <typename T>
+struct MhaGradients {
+  Tensor<T, 3> d_query, d_key, d_value;
+  MhaParams<T> params;
+};
+
 /// \brief Multi-head attention, PyTorch's nn.MultiheadAttention (batch_first) plus grouped-query heads,
 /// RoPE and ALiBi.
 ///
@@ -139,8 +148,53 @@ class MultiHeadAttention {
     return forward(x, x, x, opts);
   }
 
+  /// Gradients of a scalar loss given dout = d loss / d fwd.output (B, Lq, E). The parameters must be
+  /// unchanged since the forward, and the forward's inputs (and mask tensors) still alive.
+  /// The forward's walk in reverse: output projection, merge_heads, attention, RoPE, input projections.
+  template <typename DO, typename = std::enable_if_t<detail::is_tensor_of_rank<DO, 3>>>
+  MhaGradients<T> backward(const DO& dout, const MhaForward<T>& f) const {
+    static_assert(std::is_same_v<detail::scalar_of<DO>, T>, "MultiHeadAttention<T>::backward: dout must hold T");
+    const TensorView<const T, 3> dy = detail::const_view(dout);
+    if (!f.q.buffer) detail::throw_invalid(backward_name, "fwd", "is not the result of a forward call");
+    detail::check_shape<3>(backward_name, "dout", dy.shape(), f.output.shape());
+    check_params(backward_name);
+    MhaGradients<T> g;
+
+    // output = merged W_out^T + b_out
+    LinearGradients<T> out = linear_backward<T>(f.merged.view(), params_.out_weight.view(), dy, config_.bias);
+    g.params.out_weight = std::move(out.dweight);
+    g.params.out_bias = std::move(out.dbias);
+
+    // merged = merge_heads(attention): its backward is a split, a view.
+    const TensorView<const T, 4> d_attention = split_heads(TensorView<const T, 3>(out.dx), config_.num_heads);
+    AttentionGradients<T> heads = detail::sdpa_backward_views<T>(
+        backward_name, split_heads(TensorView<const T, 3>(f.q.view()), config_.num_heads),
+        split_heads(TensorView<const T, 3>(f.k.view()), config_.num_kv_heads),
+        split_heads(TensorView<const T, 3>(f.v.view()), config_.num_kv_heads), f.attention.out, f.attention.lse,
+        d_attention, f.options);
+    if (rope_) {
+      // q' = R q is a rotation, so dq = R^T dq' = R(-angle) dq': the inverse rotation at the same positions.
+      rope_->apply_inverse(heads.dq, f.key.dim(1) - f.query.dim(1));
+      rope_->apply_inverse(heads.dk, 0);
+    }
+
+    // q = query W_q^T + b_q (and likewise k, v), with the heads merged back to (B, L, heads * Dh).
+    const auto project_back = [this](const TensorView<const T, 3>& x, const Tensor<T, 2>& w, const Tensor<T, 4>& d_heads,
+                                      Tensor<T, 3>& dx, Tensor<T, 2>& dw, Tensor<T, 1>& db) {
+      LinearGradients<T> lg = linear_backward<T>(x, w.view(), merge_heads(d_heads).view(), config_.bias);
+      dx = std::move(lg.dx);
+      dw = std::move(lg.dweight);
+      db = std::move(lg.dbias);
+    };
+    project_back(f.query, params_.q_weight, heads.dq, g.d_query, g.params.q_weight, g.params.q_bias);
+    project_back(f.key, params_.k_weight, heads.dk, g.d_key, g.params.k_weight, g.params.k_bias);
+    project_back(f.value, params_.v_weight, heads.dv, g.d_value, g.params.v_weight, g.params.v_bias);
+    return g;
+  }
+
  private:
   static constexpr const char* forward_name = "MultiHeadAttention::forward";
+  static constexpr const char* backward_name = "MultiHeadAttention::backward";
 
   static MultiHeadAttentionConfig normalized(MultiHeadAttentionConfig c) {
     const char* fn = "MultiHeadAttention";
@@ -205,22 +259,22 @@ class MultiHeadAttention {
     detail::check_shape<3>(forward_name, "query", query.shape(), {detail::any_extent, detail::any_extent, config_.embed_dim});
     detail::check_shape<3>(forward_name, "key", key.shape(), {query.dim(0), detail::any_extent, config_.kdim});
     detail::check_shape<3>(forward_name, "value", value.shape(), {query.dim(0), key.dim(1), config_.vdim});
-    check_params();
+    check_params(forward_name);
     if (config_.alibi && !opts.alibi_slopes.empty())
       detail::throw_invalid(forward_name, "opts.alibi_slopes", "must be empty when cfg.alibi is set (ALiBi added twice)");
     detail::validate_options(forward_name, opts, query.dim(0), config_.num_heads, query.dim(1), key.dim(1));
   }
 
   /// params() is writable: check its shapes are still the configured ones.
-  void check_params() const {
+  void check_params(const char* function) const {
     const Index e = config_.embed_dim, kv = config_.num_kv_heads * head_dim_;
-    detail::check_shape<2>(forward_name, "params().q_weight", params_.q_weight.shape(), {e, e});
-    detail::check_shape<2>(forward_name, "params().k_weight", params_.k_weight.shape(), {kv, config_.kdim});
-    detail::check_shape<2>(forward_name, "params().v_weight", params_.v_weight.shape(), {kv, config_.vdim});
-    detail::check_shape<2>(forward_name, "params().out_weight", params_.out_weight.shape(), {e, e});
+    detail::check_shape<2>(function, "params().q_weight", params_.q_weight.shape(), {e, e});
+    detail::check_shape<2>(function, "params().k_weight", params_.k_weight.shape(), {kv, config_.kdim});
+    detail::check_shape<2>(function, "params().v_weight", params_.v_weight.shape(), {kv, config_.vdim});
+    detail::check_shape<2>(function, "params().out_weight", params_.out_weight.shape(), {e, e});
     const std::array<Index, 1> no_bias{0};
     const auto check_bias = [&](const char* name, const Tensor<T, 1>& b, Index n) {
-      detail::check_shape<1>(forward_name, name, b.shape(), config_.bias ? std::array<Index, 1>{n} : no_bias);
+      detail::check_shape<1>(function, name, b.shape(), config_.bias ? std::array<Index, 1>{n} : no_bias);
     };
     check_bias("params().q_bias", params_.q_bias, e);
     check_bias("params().k_bias", params_.k_bias, kv);

@@ -57,6 +57,38 @@ Tensor<T, 3> linear(const TensorView<const T, 3>& x, const TensorView<const T, 2
   return y;
 }
 
+/// \brief Gradients of y = x W^T + b: dx like x, dweight like W, dbias (Out) or empty without a bias.
+template <typename T>
+struct LinearGradients {
+  Tensor<T, 3> dx;
+  Tensor<T, 2> dweight;
+  Tensor<T, 1> dbias;
+};
+
+/// \brief The backward of `linear`: given x (B, L, In), weight (Out, In) and dy (B, L, Out),
+///   dx = dy W,   dW = dy^T x (summed over B and L),   db = sum over B and L of dy   (db only when `with_bias`).
+/// \code
+/// auto g = linear_backward<float>(x, W, dy, true);   // g.dx, g.dweight, g.dbias
+/// \endcode
+template <typename T>
+LinearGradients<T> linear_backward(const TensorView<const T, 3>& x, const TensorView<const T, 2>& weight,
+                                   const TensorView<const T, 3>& dy, bool with_bias) {
+  detail::check_shape<2>("linear_backward", "weight", weight.shape(), {detail::any_extent, x.dim(2)});
+  detail::check_shape<3>("linear_backward", "dy", dy.shape(), {x.dim(0), x.dim(1), weight.dim(0)});
+  LinearGradients<T> g{Tensor<T, 3>(x.shape()), Tensor<T, 2>(weight.shape()), Tensor<T, 1>()};
+  if (with_bias) g.dbias = Tensor<T, 1>(std::array<Index, 1>{weight.dim(0)});
+  const auto w = as_matrix(weight);
+  auto dweight = as_matrix(g.dweight);
+  for (Index b = 0; b < x.dim(0); ++b) {
+    const auto x_b = as_matrix(x[b]);
+    const auto dy_b = as_matrix(dy[b]);
+    as_matrix(g.dx[b]).noalias() = dy_b * w;          // dX = dY W
+    dweight.noalias() += dy_b.transpose() * x_b;      // dW = dY^T X
+    if (with_bias) as_vector(g.dbias.view()) += dy_b.colwise().sum();  // db = sum dY
+  }
+  return g;
+}
+
 namespace detail {
 
 /// The three projections of self-attention in one GEMM: y = x [Wq; Wk; Wv]^T + [bq; bk; bv], shape

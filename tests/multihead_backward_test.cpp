@@ -1,0 +1,220 @@
+// Tests of MultiHeadAttention::backward and linear_backward: PyTorch autograd conformance and central
+// finite differences in double for every input and every parameter, across module configurations.
+#include <selfattn/selfattn.hpp>
+
+#include "support/compare.hpp"
+#include "support/expect_error.hpp"
+#include "support/fixture.hpp"
+#include "support/gradcheck.hpp"
+#include "support/random.hpp"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace selfattn {
+namespace {
+
+using test::all_close;
+using test::numerical_gradient;
+using test::Random;
+using test::weighted_sum;
+
+constexpr double gradient_tolerance = 1e-7;
+
+// ---- PyTorch autograd conformance ----------------------------------------------------------------
+
+class PyTorchGradientConformance : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PyTorchGradientConformance, InputAndParameterGradientsMatchAutograd) {
+  const test::Fixture fx = test::load_fixture(test::fixture_path("mha_" + GetParam() + ".txt"));
+  MultiHeadAttentionConfig cfg;
+  cfg.embed_dim = fx.integer("embed_dim");
+  cfg.num_heads = fx.integer("num_heads");
+  cfg.kdim = fx.integer("kdim");
+  cfg.vdim = fx.integer("vdim");
+  cfg.bias = fx.integer("bias") != 0;
+  MultiHeadAttention<double> mha(cfg);
+  auto& p = mha.params();
+  p.q_weight = fx.tensor<2>("q_weight");
+  p.k_weight = fx.tensor<2>("k_weight");
+  p.v_weight = fx.tensor<2>("v_weight");
+  p.out_weight = fx.tensor<2>("out_weight");
+  if (cfg.bias) {
+    p.q_bias = fx.tensor<1>("q_bias");
+    p.k_bias = fx.tensor<1>("k_bias");
+    p.v_bias = fx.tensor<1>("v_bias");
+    p.out_bias = fx.tensor<1>("out_bias");
+  }
+  AttentionOptions<double> opts;
+  if (fx.integer("causal") == 1) opts.causal = Causal::top_left;
+  if (fx.has("key_lengths")) opts.key_lengths = fx.indices("key_lengths");
+  Tensor<bool, 4> allowed;
+  Tensor<double, 4> bias;
+  if (fx.has("allowed")) opts.allowed = allowed = fx.tensor<4, bool>("allowed");
+  if (fx.has("bias_mask")) opts.bias = bias = fx.tensor<4>("bias_mask");
+  const auto query = fx.tensor<3>("query"), key = fx.tensor<3>("key"), value = fx.tensor<3>("value");
+  // PyTorch differentiated query, key and value as three leaves even in self-attention; so do we.
+  const auto fwd = mha.forward(query, key, value, opts);
+  const auto g = mha.backward(fx.tensor<3>("dout"), fwd);
+  EXPECT_TRUE(all_close(g.d_query, fx.tensor<3>("d_query"), 1e-10));
+  EXPECT_TRUE(all_close(g.d_key, fx.tensor<3>("d_key"), 1e-10));
+  EXPECT_TRUE(all_close(g.d_value, fx.tensor<3>("d_value"), 1e-10));
+  EXPECT_TRUE(all_close(g.params.q_weight, fx.tensor<2>("d_q_weight"), 1e-10));
+  EXPECT_TRUE(all_close(g.params.k_weight, fx.tensor<2>("d_k_weight"), 1e-10));
+  EXPECT_TRUE(all_close(g.params.v_weight, fx.tensor<2>("d_v_weight"), 1e-10));
+  EXPECT_TRUE(all_close(g.params.out_weight, fx.tensor<2>("d_out_weight"), 1e-10));
+  if (cfg.bias) {
+    EXPECT_TRUE(all_close(g.params.q_bias, fx.tensor<1>("d_q_bias"), 1e-10));
+    EXPECT_TRUE(all_close(g.params.k_bias, fx.tensor<1>("d_k_bias"), 1e-10));
+    EXPECT_TRUE(all_close(g.params.v_bias, fx.tensor<1>("d_v_bias"), 1e-10));
+    EXPECT_TRUE(all_close(g.params.out_bias, fx.tensor<1>("d_out_bias"), 1e-10));
+  } else {
+    EXPECT_EQ(g.params.q_bias.size(), 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, PyTorchGradientConformance,
+                         ::testing::Values("self_basic", "key_padding", "attn_mask_bool", "attn_mask_float",
+                                           "attn_mask_float3d", "cross_kdim_vdim", "no_bias", "combined", "causal"));
+
+// ---- finite differences ----------------------------------------------------------------------------
+
+struct ModuleCase {
+  std::string name;
+  Index E, H, Hkv, kdim, vdim, rope_dim;
+  RopeStyle style;
+  bool alibi, bias, self_attention;
+  double dropout;
+  Index Lq, Lk;
+  Causal causal;
+};
+
+const std::vector<ModuleCase> module_cases = {
+    {"self", 8, 2, 0, 0, 0, 0, RopeStyle::half, false, true, true, 0.0, 5, 5, Causal::none},
+    {"self causal, no bias", 6, 3, 0, 0, 0, 0, RopeStyle::half, false, false, true, 0.0, 4, 4, Causal::top_left},
+    {"cross kdim vdim", 6, 3, 0, 5, 7, 0, RopeStyle::half, false, true, false, 0.0, 3, 5, Causal::none},
+    {"gqa rope half", 8, 4, 2, 0, 0, 2, RopeStyle::half, false, true, true, 0.0, 5, 5, Causal::top_left},
+    {"mqa rope interleaved cross", 8, 2, 1, 0, 0, 4, RopeStyle::interleaved, false, true, false, 0.0, 3, 6,
+     Causal::bottom_right},
+    {"alibi", 6, 3, 0, 0, 0, 0, RopeStyle::half, true, true, true, 0.0, 5, 5, Causal::none},
+    {"dropout", 8, 2, 0, 0, 0, 0, RopeStyle::half, false, true, true, 0.3, 4, 4, Causal::none},
+};
+
+TEST(MultiHeadBackwardTest, EveryGradientMatchesFiniteDifferences) {
+  Random random(41);
+  for (const ModuleCase& c : module_cases) {
+    SCOPED_TRACE(c.name);
+    MultiHeadAttentionConfig cfg;
+    cfg.embed_dim = c.E;
+    cfg.num_heads = c.H;
+    cfg.num_kv_heads = c.Hkv;
+    cfg.kdim = c.kdim;
+    cfg.vdim = c.vdim;
+    cfg.rope_dim = c.rope_dim;
+    cfg.rope_style = c.style;
+    cfg.alibi = c.alibi;
+    cfg.bias = c.bias;
+    cfg.dropout = c.dropout;
+    MultiHeadAttention<double> mha(cfg, 5);
+    mha.set_training(c.dropout > 0);
+    auto& p = mha.params();
+    if (c.bias)
+      for (Tensor<double, 1>* b : {&p.q_bias, &p.k_bias, &p.v_bias, &p.out_bias})
+        *b = random.normal_tensor<double, 1>(b->shape());
+    auto query = random.normal_tensor<double, 3>({2, c.Lq, c.E});
+    auto key = random.normal_tensor<double, 3>({2, c.Lk, mha.config().kdim});
+    auto value = random.normal_tensor<double, 3>({2, c.Lk, mha.config().vdim});
+    const auto upstream = random.normal_tensor<double, 3>({2, c.Lq, c.E});
+    AttentionOptions<double> opts;
+    opts.causal = c.causal;
+    opts.key_lengths = {c.Lk, c.Lk - 1};
+    opts.seed = 8;
+
+    if (c.self_attention) {
+      // One input x feeds query, key and value (the fused projection): dx = d_query + d_key + d_value.
+      const auto loss = [&] { return weighted_sum(mha.forward(query, opts).output, upstream); };
+      const auto g = mha.backward(upstream, mha.forward(query, opts));
+      Tensor<double, 3> dx = g.d_query;
+      for (Index n = 0; n < dx.size(); ++n) dx.data()[n] += g.d_key.data()[n] + g.d_value.data()[n];
+      EXPECT_TRUE(all_close(dx, numerical_gradient(query, loss), gradient_tolerance)) << "dx";
+    } else {
+      const auto loss = [&] { return weighted_sum(mha.forward(query, key, value, opts).output, upstream); };
+      const auto g = mha.backward(upstream, mha.forward(query, key, value, opts));
+      EXPECT_TRUE(all_close(g.d_query, numerical_gradient(query, loss), gradient_tolerance)) << "d_query";
+      EXPECT_TRUE(all_close(g.d_key, numerical_gradient(key, loss), gradient_tolerance)) << "d_key";
+      EXPECT_TRUE(all_close(g.d_value, numerical_gradient(value, loss), gradient_tolerance)) << "d_value";
+    }
+    const auto loss = [&] {
+      return weighted_sum(
+          (c.self_attention ? mha.forward(query, opts) : mha.forward(query, key, value, opts)).output, upstream);
+    };
+    const auto g = mha.backward(upstream, c.self_attention ? mha.forward(query, opts) : mha.forward(query, key, value, opts));
+    EXPECT_TRUE(all_close(g.params.q_weight, numerical_gradient(p.q_weight, loss), gradient_tolerance)) << "q_weight";
+    EXPECT_TRUE(all_close(g.params.k_weight, numerical_gradient(p.k_weight, loss), gradient_tolerance)) << "k_weight";
+    EXPECT_TRUE(all_close(g.params.v_weight, numerical_gradient(p.v_weight, loss), gradient_tolerance)) << "v_weight";
+    EXPECT_TRUE(all_close(g.params.out_weight, numerical_gradient(p.out_weight, loss), gradient_tolerance))
+        << "out_weight";
+    if (c.bias) {
+      EXPECT_TRUE(all_close(g.params.q_bias, numerical_gradient(p.q_bias, loss), gradient_tolerance)) << "q_bias";
+      EXPECT_TRUE(all_close(g.params.k_bias, numerical_gradient(p.k_bias, loss), gradient_tolerance)) << "k_bias";
+      EXPECT_TRUE(all_close(g.params.v_bias, numerical_gradient(p.v_bias, loss), gradient_tolerance)) << "v_bias";
+      EXPECT_TRUE(all_close(g.params.out_bias, numerical_gradient(p.out_bias, loss), gradient_tolerance)) << "out_bias";
+    } else {
+      EXPECT_EQ(g.params.q_bias.size(), 0);
+    }
+  }
+}
+
+TEST(MultiHeadBackwardTest, RepeatedBackwardIsBitwiseEqual) {
+  Random random(42);
+  MultiHeadAttentionConfig cfg;
+  cfg.embed_dim = 16;
+  cfg.num_heads = 4;
+  cfg.rope_dim = 4;
+  cfg.dropout = 0.2;
+  MultiHeadAttention<float> mha(cfg, 1);
+  mha.set_training(true);
+  const auto x = random.normal_tensor<float, 3>({2, 7, 16});
+  const auto dout = random.normal_tensor<float, 3>({2, 7, 16});
+  const auto fwd = mha.forward(x);
+  const auto a = mha.backward(dout, fwd), b = mha.backward(dout, fwd);
+  EXPECT_TRUE(all_close(a.d_query, b.d_query, 0.0));
+  EXPECT_TRUE(all_close(a.params.q_weight, b.params.q_weight, 0.0));
+  EXPECT_TRUE(all_close(a.params.out_bias, b.params.out_bias, 0.0));
+}
+
+TEST(MultiHeadBackwardTest, BadUpstreamGradientThrows) {
+  MultiHeadAttentionConfig cfg;
+  cfg.embed_dim = 8;
+  cfg.num_heads = 2;
+  MultiHeadAttention<double> mha(cfg);
+  const Tensor<double, 3> x({1, 3, 8});
+  const auto fwd = mha.forward(x);
+  test::expect_error<ShapeError>([&] { mha.backward(Tensor<double, 3>({1, 4, 8}), fwd); },
+                                 {"[MultiHeadAttention::backward] dout:", "(1, 3, 8)", "(1, 4, 8)"});
+  test::expect_error<std::invalid_argument>([&] { mha.backward(Tensor<double, 3>({1, 3, 8}), MhaForward<double>()); },
+                                            {"fwd"});
+}
+
+// ---- linear_backward -------------------------------------------------------------------------------
+
+TEST(LinearBackwardTest, GradientsMatchFiniteDifferences) {
+  Random random(43);
+  auto x = random.normal_tensor<double, 3>({2, 3, 5});
+  auto w = random.normal_tensor<double, 2>({4, 5});
+  auto b = random.normal_tensor<double, 1>({4});
+  const auto upstream = random.normal_tensor<double, 3>({2, 3, 4});
+  const auto loss = [&] { return weighted_sum(linear<double>(x, w, b), upstream); };
+  const auto g = linear_backward<double>(x, w, upstream, true);
+  EXPECT_TRUE(all_close(g.dx, numerical_gradient(x, loss), gradient_tolerance));
+  EXPECT_TRUE(all_close(g.dweight, numerical_gradient(w, loss), gradient_tolerance));
+  EXPECT_TRUE(all_close(g.dbias, numerical_gradient(b, loss), gradient_tolerance));
+  EXPECT_EQ(linear_backward<double>(x, w, upstream, false).dbias.size(), 0);
+  test::expect_error<ShapeError>([&] { linear_backward<double>(x, w, Tensor<double, 3>({2, 3, 5}), true); },
+                                 {"[linear_backward] dy:", "(2, 3, 4)"});
+}
+
+}  // namespace
+}  // namespace selfattn
