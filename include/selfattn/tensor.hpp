@@ -328,8 +328,10 @@ namespace detail {
 // tensor_traits<X>: element type and rank of a Tensor or TensorView argument, so public functions take
 // either without naming the element type.
 template <typename X>
-struct tensor_traits {
+struct tensor_traits {  // anything else: not a tensor, so overloads drop out cleanly (SFINAE)
   static constexpr bool is_tensor = false;
+  using scalar = void;
+  static constexpr int rank = 0;
 };
 template <typename T, int R>
 struct tensor_traits<Tensor<T, R>> {
