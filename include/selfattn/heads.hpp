@@ -36,6 +36,9 @@ template <typename T>
 TensorView<const T, 4> split_heads(const Tensor<T, 3>& x, Index heads) {
   return split_heads(x.view(), heads);
 }
+/// A view of a temporary tensor would dangle: keep the tensor in a variable.
+template <typename T>
+TensorView<const T, 4> split_heads(const Tensor<T, 3>&& x, Index heads) = delete;
 
 /// \brief Concatenates heads (B, H, L, D) into a new contiguous (B, L, H * D) tensor: the inverse of split_heads.
 /// \code
