@@ -2,6 +2,7 @@
 // kind, grouped-query heads, custom scale and dropout; plus its structural properties and errors.
 #include <selfattn/attention.hpp>
 
+#include "support/brute_force.hpp"
 #include "support/compare.hpp"
 #include "support/expect_error.hpp"
 #include "support/gradcheck.hpp"
@@ -138,24 +139,12 @@ TYPED_TEST(AttentionBackwardTyped, GroupedQueryGradientsAccumulateOverTheGroup) 
   const auto k = random.normal_tensor<T, 4>({B, Hkv, L, D});
   const auto v = random.normal_tensor<T, 4>({B, Hkv, L, D});
   const auto dout = random.normal_tensor<T, 4>({B, H, L, D});
-  Tensor<T, 4> k_repeated({B, H, L, D}), v_repeated({B, H, L, D});
-  for (Index h = 0; h < H; ++h)
-    for (Index l = 0; l < L; ++l)
-      for (Index d = 0; d < D; ++d) {
-        k_repeated(0, h, l, d) = k(0, h / 2, l, d);
-        v_repeated(0, h, l, d) = v(0, h / 2, l, d);
-      }
+  const Tensor<T, 4> k_repeated = test::repeat_kv_heads(k, H), v_repeated = test::repeat_kv_heads(v, H);
   const auto grouped_fwd = sdpa_forward(q, k, v);
   const auto grouped = sdpa_backward(q, k, v, grouped_fwd.out, grouped_fwd.lse, dout);
   const auto full_fwd = sdpa_forward(q, k_repeated, v_repeated);
   const auto full = sdpa_backward(q, k_repeated, v_repeated, full_fwd.out, full_fwd.lse, dout);
-  Tensor<T, 4> dk_summed({B, Hkv, L, D}), dv_summed({B, Hkv, L, D});
-  for (Index h = 0; h < H; ++h)
-    for (Index l = 0; l < L; ++l)
-      for (Index d = 0; d < D; ++d) {
-        dk_summed(0, h / 2, l, d) += full.dk(0, h, l, d);
-        dv_summed(0, h / 2, l, d) += full.dv(0, h, l, d);
-      }
+  const Tensor<T, 4> dk_summed = test::sum_kv_groups(full.dk, Hkv), dv_summed = test::sum_kv_groups(full.dv, Hkv);
   EXPECT_TRUE(all_close(grouped.dq, full.dq, test::default_tolerance<T>()));
   EXPECT_TRUE(all_close(grouped.dk, dk_summed, test::default_tolerance<T>()));
   EXPECT_TRUE(all_close(grouped.dv, dv_summed, test::default_tolerance<T>()));

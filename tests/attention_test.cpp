@@ -249,14 +249,7 @@ TYPED_TEST(AttentionTest, GroupedQueryEqualsRepeatedKeyValueHeads) {
   const auto q = random.normal_tensor<T, 4>({B, H, L, D});
   const auto k = random.normal_tensor<T, 4>({B, Hkv, L, D});
   const auto v = random.normal_tensor<T, 4>({B, Hkv, L, D});
-  Tensor<T, 4> k_repeated({B, H, L, D}), v_repeated({B, H, L, D});
-  for (Index b = 0; b < B; ++b)
-    for (Index h = 0; h < H; ++h)
-      for (Index l = 0; l < L; ++l)
-        for (Index d = 0; d < D; ++d) {
-          k_repeated(b, h, l, d) = k(b, h / (H / Hkv), l, d);
-          v_repeated(b, h, l, d) = v(b, h / (H / Hkv), l, d);
-        }
+  const Tensor<T, 4> k_repeated = test::repeat_kv_heads(k, H), v_repeated = test::repeat_kv_heads(v, H);
   EXPECT_TRUE(all_close(scaled_dot_product_attention(q, k, v), scaled_dot_product_attention(q, k_repeated, v_repeated),
                         0.0));
 }

@@ -4,7 +4,7 @@
 
 #include "support/compare.hpp"
 #include "support/expect_error.hpp"
-#include "support/fixture.hpp"
+#include "support/pytorch_case.hpp"
 #include "support/gradcheck.hpp"
 #include "support/random.hpp"
 
@@ -28,36 +28,11 @@ constexpr double gradient_tolerance = 1e-7;
 class PyTorchGradientConformance : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(PyTorchGradientConformance, InputAndParameterGradientsMatchAutograd) {
-  const test::Fixture fx = test::load_fixture(test::fixture_path("mha_" + GetParam() + ".txt"));
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = fx.integer("embed_dim");
-  cfg.num_heads = fx.integer("num_heads");
-  cfg.kdim = fx.integer("kdim");
-  cfg.vdim = fx.integer("vdim");
-  cfg.bias = fx.integer("bias") != 0;
-  MultiHeadAttention<double> mha(cfg);
-  auto& p = mha.params();
-  p.q_weight = fx.tensor<2>("q_weight");
-  p.k_weight = fx.tensor<2>("k_weight");
-  p.v_weight = fx.tensor<2>("v_weight");
-  p.out_weight = fx.tensor<2>("out_weight");
-  if (cfg.bias) {
-    p.q_bias = fx.tensor<1>("q_bias");
-    p.k_bias = fx.tensor<1>("k_bias");
-    p.v_bias = fx.tensor<1>("v_bias");
-    p.out_bias = fx.tensor<1>("out_bias");
-  }
-  AttentionOptions<double> opts;
-  if (fx.integer("causal") == 1) opts.causal = Causal::top_left;
-  if (fx.has("key_lengths")) opts.key_lengths = fx.indices("key_lengths");
-  Tensor<bool, 4> allowed;
-  Tensor<double, 4> bias;
-  if (fx.has("allowed")) opts.allowed = allowed = fx.tensor<4, bool>("allowed");
-  if (fx.has("bias_mask")) opts.bias = bias = fx.tensor<4>("bias_mask");
-  const auto query = fx.tensor<3>("query"), key = fx.tensor<3>("key"), value = fx.tensor<3>("value");
+  test::PyTorchCase c(GetParam());
+  const test::Fixture& fx = c.fx;
   // PyTorch differentiated query, key and value as three leaves even in self-attention; so do we.
-  const auto fwd = mha.forward(query, key, value, opts);
-  const auto g = mha.backward(fx.tensor<3>("dout"), fwd);
+  const auto fwd = c.mha.forward(c.query, c.key, c.value, c.opts);
+  const auto g = c.mha.backward(fx.tensor<3>("dout"), fwd);
   EXPECT_TRUE(all_close(g.d_query, fx.tensor<3>("d_query"), 1e-10));
   EXPECT_TRUE(all_close(g.d_key, fx.tensor<3>("d_key"), 1e-10));
   EXPECT_TRUE(all_close(g.d_value, fx.tensor<3>("d_value"), 1e-10));
@@ -65,7 +40,7 @@ TEST_P(PyTorchGradientConformance, InputAndParameterGradientsMatchAutograd) {
   EXPECT_TRUE(all_close(g.params.k_weight, fx.tensor<2>("d_k_weight"), 1e-10));
   EXPECT_TRUE(all_close(g.params.v_weight, fx.tensor<2>("d_v_weight"), 1e-10));
   EXPECT_TRUE(all_close(g.params.out_weight, fx.tensor<2>("d_out_weight"), 1e-10));
-  if (cfg.bias) {
+  if (c.mha.config().bias) {
     EXPECT_TRUE(all_close(g.params.q_bias, fx.tensor<1>("d_q_bias"), 1e-10));
     EXPECT_TRUE(all_close(g.params.k_bias, fx.tensor<1>("d_k_bias"), 1e-10));
     EXPECT_TRUE(all_close(g.params.v_bias, fx.tensor<1>("d_v_bias"), 1e-10));

@@ -5,7 +5,7 @@
 #include "support/brute_force.hpp"
 #include "support/compare.hpp"
 #include "support/expect_error.hpp"
-#include "support/fixture.hpp"
+#include "support/pytorch_case.hpp"
 #include "support/random.hpp"
 
 #include <gtest/gtest.h>
@@ -27,38 +27,11 @@ using test::Random;
 class PyTorchConformance : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(PyTorchConformance, OutputAndPerHeadWeightsMatchNnMultiheadAttention) {
-  const test::Fixture fx = test::load_fixture(test::fixture_path("mha_" + GetParam() + ".txt"));
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = fx.integer("embed_dim");
-  cfg.num_heads = fx.integer("num_heads");
-  cfg.kdim = fx.integer("kdim");
-  cfg.vdim = fx.integer("vdim");
-  cfg.bias = fx.integer("bias") != 0;
-  MultiHeadAttention<double> mha(cfg);
-  auto& p = mha.params();
-  p.q_weight = fx.tensor<2>("q_weight");
-  p.k_weight = fx.tensor<2>("k_weight");
-  p.v_weight = fx.tensor<2>("v_weight");
-  p.out_weight = fx.tensor<2>("out_weight");
-  if (cfg.bias) {
-    p.q_bias = fx.tensor<1>("q_bias");
-    p.k_bias = fx.tensor<1>("k_bias");
-    p.v_bias = fx.tensor<1>("v_bias");
-    p.out_bias = fx.tensor<1>("out_bias");
-  }
-  AttentionOptions<double> opts;
-  opts.need_weights = true;
-  if (fx.integer("causal") == 1) opts.causal = Causal::top_left;
-  if (fx.has("key_lengths")) opts.key_lengths = fx.indices("key_lengths");
-  Tensor<bool, 4> allowed;
-  Tensor<double, 4> bias;
-  if (fx.has("allowed")) opts.allowed = allowed = fx.tensor<4, bool>("allowed");
-  if (fx.has("bias_mask")) opts.bias = bias = fx.tensor<4>("bias_mask");
-
-  const auto query = fx.tensor<3>("query"), key = fx.tensor<3>("key"), value = fx.tensor<3>("value");
-  const MhaForward<double> fwd = fx.integer("self_attention") ? mha.forward(query, opts) : mha.forward(query, key, value, opts);
-  EXPECT_TRUE(all_close(fwd.output, fx.tensor<3>("output"), 1e-10));
-  EXPECT_TRUE(all_close(fwd.weights, fx.tensor<4>("weights"), 1e-10));
+  test::PyTorchCase c(GetParam());
+  c.opts.need_weights = true;
+  const MhaForward<double> fwd = c.self_attention ? c.mha.forward(c.query, c.opts) : c.mha.forward(c.query, c.key, c.value, c.opts);
+  EXPECT_TRUE(all_close(fwd.output, c.fx.tensor<3>("output"), 1e-10));
+  EXPECT_TRUE(all_close(fwd.weights, c.fx.tensor<4>("weights"), 1e-10));
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, PyTorchConformance,

@@ -86,4 +86,26 @@ BruteForceResult<T> brute_force_attention(const TensorView<const T, 4>& q, const
   return r;
 }
 
+/// Keys or values (B, Hkv, L, D) repeated per query head: (B, H, L, D), head h a copy of kv head h / (H / Hkv).
+template <typename T>
+Tensor<T, 4> repeat_kv_heads(const Tensor<T, 4>& x, Index heads) {
+  Tensor<T, 4> y({x.dim(0), heads, x.dim(2), x.dim(3)});
+  for (Index b = 0; b < x.dim(0); ++b)
+    for (Index h = 0; h < heads; ++h)
+      for (Index l = 0; l < x.dim(2); ++l)
+        for (Index d = 0; d < x.dim(3); ++d) y(b, h, l, d) = x(b, h / (heads / x.dim(1)), l, d);
+  return y;
+}
+
+/// The adjoint of repeat_kv_heads: (B, H, L, D) summed over each group of H / Hkv heads -> (B, Hkv, L, D).
+template <typename T>
+Tensor<T, 4> sum_kv_groups(const Tensor<T, 4>& x, Index kv_heads) {
+  Tensor<T, 4> y({x.dim(0), kv_heads, x.dim(2), x.dim(3)});
+  for (Index b = 0; b < x.dim(0); ++b)
+    for (Index h = 0; h < x.dim(1); ++h)
+      for (Index l = 0; l < x.dim(2); ++l)
+        for (Index d = 0; d < x.dim(3); ++d) y(b, h / (x.dim(1) / kv_heads), l, d) += x(b, h, l, d);
+  return y;
+}
+
 }  // namespace selfattn::test
