@@ -11,13 +11,16 @@
 #include <selfattn/attention.hpp>
 #include <selfattn/errors.hpp>
 #include <selfattn/heads.hpp>
+#include <selfattn/kv_cache.hpp>
 #include <selfattn/options.hpp>
 #include <selfattn/positional.hpp>
 #include <selfattn/projection.hpp>
 #include <selfattn/tensor.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <random>
@@ -146,6 +149,28 @@ class MultiHeadAttention {
   template <typename X, typename = std::enable_if_t<detail::is_tensor_of_rank<X, 3>>>
   MhaForward<T> forward(const X& x, const AttentionOptions<T>& opts = {}) const {
     return forward(x, x, x, opts);
+  }
+
+  /// A key/value cache for incremental decoding of `batch` sequences with this module (see step).
+  KVCache<T> make_cache(Index batch, const CachePolicy& policy = {}) const {
+    return KVCache<T>(batch, config_.num_kv_heads, head_dim_, policy);
+  }
+
+  /// \brief Incremental self-attention: appends the keys and values of x_new (B, Lnew, E) to the cache
+  /// and returns the output rows (B, Lnew, E).
+  ///
+  /// New rows of sequence b sit at positions cache.positions()[b] + l (RoPE) and attend with
+  /// Causal::bottom_right over everything cached, whatever opts.causal says; other masks in opts refer to
+  /// the cache after the append (Lk = the longest sequence's length then). No dropout. Sequences may
+  /// take different numbers of new tokens: `new_tokens[b]` (default: all Lnew) are the real rows of
+  /// sequence b, the rest right padding, not cached, with zero attention output. Feeding a sequence in
+  /// pieces gives the output of one forward with Causal::top_left. Under an evicting policy, masks in
+  /// opts are not supported and the rows attend one at a time. If step throws, the cache is unchanged.
+  template <typename X, typename = std::enable_if_t<detail::is_tensor_of_rank<X, 3>>>
+  Tensor<T, 3> step(const X& x_new, KVCache<T>& cache, const AttentionOptions<T>& opts = {},
+                    const std::vector<Index>& new_tokens = {}) const {
+    static_assert(std::is_same_v<detail::scalar_of<X>, T>, "MultiHeadAttention<T>::step: x_new must hold T");
+    return step_views(detail::const_view(x_new), cache, opts, new_tokens);
   }
 
   /// Gradients of a scalar loss given dout = d loss / d fwd.output (B, Lq, E). The parameters must be
@@ -332,6 +357,183 @@ class MultiHeadAttention {
     f.output = Tensor<T, 3>({query.dim(0), query.dim(1), config_.embed_dim});
     detail::linear_into<T>(f.merged.view(), params_.out_weight.view(), params_.out_bias.view(), f.output.view());
     return f;
+  }
+
+  static constexpr const char* step_name = "MultiHeadAttention::step";
+
+  /// Sequence b's part of a broadcastable (B|1, H|1, Lq|1, Lk|1) mask: its first `rows` queries, `keys` keys.
+  template <typename U>
+  static TensorView<const U, 4> slice_for_batch(const TensorView<const U, 4>& m, Index b, Index rows, Index keys) {
+    if (!m.data()) return m;
+    return TensorView<const U, 4>(m.data() + (m.dim(0) == 1 ? 0 : b * m.stride(0)),
+                                  {1, m.dim(1), m.dim(2) == 1 ? 1 : rows, m.dim(3) == 1 ? 1 : keys}, m.strides());
+  }
+
+  /// A (1, heads, rows, D) view of rows [row, row + rows) of batch b of a (B, heads, L, D) view.
+  template <typename U>
+  static TensorView<U, 4> rows_of(const TensorView<U, 4>& x, Index b, Index row, Index rows) {
+    return TensorView<U, 4>(x.data() + b * x.stride(0) + row * x.stride(2), {1, x.dim(1), rows, x.dim(3)}, x.strides());
+  }
+
+  void validate_step(const TensorView<const T, 3>& x, const KVCache<T>& cache, const AttentionOptions<T>& opts,
+                     const std::vector<Index>& adds) const {
+    if (config_.kdim != config_.embed_dim || config_.vdim != config_.embed_dim)
+      detail::throw_invalid(step_name, "cfg", "step is self-attention: kdim and vdim must equal embed_dim");
+    detail::check_shape<3>(step_name, "x_new", x.shape(), {cache.batch(), detail::any_extent, config_.embed_dim});
+    if (cache.kv_heads() != config_.num_kv_heads || cache.head_dim() != head_dim_)
+      detail::throw_shape_error(step_name, "cache",
+                                "made for " + std::to_string(cache.kv_heads()) + " key/value heads of dim " +
+                                    std::to_string(cache.head_dim()) + ", the module has " +
+                                    std::to_string(config_.num_kv_heads) + " of dim " + std::to_string(head_dim_));
+    for (std::size_t b = 0; b < adds.size(); ++b)
+      if (adds[b] < 0 || adds[b] > x.dim(1))
+        detail::throw_invalid(step_name, "new_tokens[" + std::to_string(b) + "]",
+                              "expected a value in [0, " + std::to_string(x.dim(1)) + "], got " + std::to_string(adds[b]));
+    check_params(step_name);
+    if (config_.alibi && !opts.alibi_slopes.empty())
+      detail::throw_invalid(step_name, "opts.alibi_slopes", "must be empty when cfg.alibi is set (ALiBi added twice)");
+    if (cache.policy().evicts() && (opts.allowed.data() || opts.bias.data() || !opts.key_lengths.empty() ||
+                                    opts.window_left != -1 || opts.window_right != -1))
+      detail::throw_invalid(step_name, "opts",
+                            "masks (allowed, bias, key_lengths, windows) are not supported with an evicting cache policy");
+  }
+
+  /// Attention of `rows` new query rows of sequence b (from row `row` of q) over its first `keys` cached keys.
+  void attend_cached(const TensorView<const T, 4>& q, const TensorView<const T, 4>& keys,
+                     const TensorView<const T, 4>& values, const AttentionOptions<T>& opts, Index b, Index row, Index rows,
+                     Index key_count, const TensorView<T, 4>& attention) const {
+    if (rows == 0) return;
+    AttentionOptions<T> ob = opts;  // sequence b alone: batch extent 1, its own key count
+    if (!opts.key_lengths.empty()) ob.key_lengths = {std::min(opts.key_lengths[static_cast<std::size_t>(b)], key_count)};
+    ob.allowed = slice_for_batch(opts.allowed, b, rows, key_count);
+    ob.bias = slice_for_batch(opts.bias, b, rows, key_count);
+    const TensorView<const T, 4> qb = rows_of(q, b, row, rows);
+    const TensorView<const T, 4> kb(keys.data() + b * keys.stride(0), {1, keys.dim(1), key_count, keys.dim(3)}, keys.strides());
+    const TensorView<const T, 4> vb(values.data() + b * values.stride(0), {1, values.dim(1), key_count, values.dim(3)},
+                                    values.strides());
+    const TensorView<T, 4> out = rows_of(attention, b, row, rows);
+    if (rows <= 16) {  // few queries over many keys: the decode kernel splits the keys
+      Tensor<T, 3> lse({1, config_.num_heads, rows});
+      detail::decode_forward(detail::make_params(qb, kb, vb, ob), detail::ForwardOutputs<T>{out, lse.view(), {}});
+    } else {  // a prefill: ordinary attention
+      const Tensor<T, 4> result = detail::sdpa_forward_views<T>(step_name, qb, kb, vb, ob).out;
+      for (Index h = 0; h < config_.num_heads; ++h) as_matrix(out[0][h]) = as_matrix(result[0][h]);
+    }
+  }
+
+  /// Drops sequence b's oldest non-sink tokens beyond the window. Positions stay positions within the cache:
+  /// the kept window keys were rotated at their absolute positions, which differ from their in-cache
+  /// positions by the same count `evicted` as the query's; RoPE depends only on differences, so only the
+  /// sinks need turning forward by `evicted`, from their first rotation (one rotation, no drift).
+  void evict(KVCache<T>& cache, Index b) const {
+    const Index sinks = cache.policy_.sink_tokens, window = cache.policy_.window;
+    Index& length = cache.lengths_[static_cast<std::size_t>(b)];
+    if (length <= sinks + window) return;
+    const Index dropped = length - (sinks + window), row_size = head_dim_;
+    for (Index h = 0; h < config_.num_kv_heads; ++h)
+      for (Tensor<T, 4>* plane : {&cache.keys_, &cache.values_}) {
+        T* base = plane->data() + (b * plane->dim(1) + h) * plane->dim(2) * row_size;
+        std::memmove(base + sinks * row_size, base + (sinks + dropped) * row_size,
+                     static_cast<std::size_t>(window * row_size) * sizeof(T));
+      }
+    length = sinks + window;
+    if (!rope_ || sinks == 0) return;
+    const Index evicted = cache.seen_[static_cast<std::size_t>(b)] - length;
+    for (Index h = 0; h < config_.num_kv_heads; ++h)
+      for (Index s = 0; s < sinks; ++s) {
+        as_vector(cache.keys_[b][h][s]) = as_vector(cache.sink_keys_[b][h][s]);
+        rope_->apply(TensorView<T, 4>(&cache.keys_(b, h, s, 0), {1, 1, 1, head_dim_}), evicted);
+      }
+  }
+
+  /// Writes new token `l` of sequence b (keys k, values v) into cache row `slot` (capacity is ensured).
+  void append(KVCache<T>& cache, const TensorView<T, 4>& keys, const TensorView<T, 4>& values,
+              const TensorView<const T, 4>& k, const TensorView<const T, 4>& v, Index b, Index l, Index slot) const {
+    for (Index h = 0; h < config_.num_kv_heads; ++h) {
+      as_vector(keys[b][h][slot]) = as_vector(k[b][h][l]);
+      as_vector(values[b][h][slot]) = as_vector(v[b][h][l]);
+      if (slot < cache.policy_.sink_tokens) as_vector(cache.sink_keys_[b][h][slot]) = as_vector(k[b][h][l]);
+    }
+  }
+
+  Tensor<T, 3> step_views(const TensorView<const T, 3>& x, KVCache<T>& cache, const AttentionOptions<T>& opts,
+                          const std::vector<Index>& new_tokens) const {
+    const Index batch = x.dim(0), new_len = x.dim(1);
+    std::vector<Index> adds = new_tokens.empty() ? std::vector<Index>(static_cast<std::size_t>(std::max<Index>(batch, 0)), new_len)
+                                                 : new_tokens;
+    if (!new_tokens.empty() && static_cast<Index>(new_tokens.size()) != cache.batch())
+      detail::throw_shape_error(step_name, "new_tokens",
+                                "expected " + std::to_string(cache.batch()) + " entries (one per sequence), got " +
+                                    std::to_string(new_tokens.size()));
+    validate_step(x, cache, opts, adds);
+    Index longest = 0;
+    for (Index b = 0; b < batch; ++b)
+      longest = std::max(longest, cache.lengths_[static_cast<std::size_t>(b)] + adds[static_cast<std::size_t>(b)]);
+    const bool evicting = cache.policy_.evicts();
+    detail::validate_options(step_name, opts, batch, config_.num_heads, new_len, evicting ? 1 : longest);
+    const Index capacity = cache.required_capacity(step_name, longest);
+
+    // Project and rotate the new tokens: sequence b's row l at absolute position positions()[b] + l.
+    MhaForward<T> f;
+    f.query = f.key = f.value = x;
+    project(f);
+    const TensorView<T, 4> q = split_heads(f.q.view(), config_.num_heads);
+    const TensorView<T, 4> k = split_heads(f.k.view(), config_.num_kv_heads);
+    const TensorView<T, 4> v = split_heads(f.v.view(), config_.num_kv_heads);
+    if (rope_) {
+      rope_->apply(q, cache.seen_);
+      rope_->apply(k, cache.seen_);
+    }
+    AttentionOptions<T> attention_opts = opts;
+    attention_opts.causal = Causal::bottom_right;
+    attention_opts.dropout_p = T(0);
+    attention_opts.need_weights = false;
+    if (config_.alibi) attention_opts.alibi_slopes = alibi_;
+    Tensor<T, 4> attention({batch, config_.num_heads, new_len, head_dim_});
+    Tensor<T, 4> grown_keys, grown_values;
+    if (capacity != cache.capacity()) cache.grown_copy(capacity, grown_keys, grown_values);
+    const bool grown = grown_keys.data() != nullptr;
+    const TensorView<T, 4> keys = grown ? grown_keys.view() : cache.keys_.view();
+    const TensorView<T, 4> values = grown ? grown_values.view() : cache.values_.view();
+
+    if (!evicting) {
+      // New rows go past each sequence's length: invisible until the lengths change at the end.
+      for (Index b = 0; b < batch; ++b)
+        for (Index l = 0; l < adds[static_cast<std::size_t>(b)]; ++l)
+          append(cache, keys, values, k, v, b, l, cache.lengths_[static_cast<std::size_t>(b)] + l);
+      for (Index b = 0; b < batch; ++b) {
+        const Index count = cache.lengths_[static_cast<std::size_t>(b)] + adds[static_cast<std::size_t>(b)];
+        attend_cached(q, keys, values, attention_opts, b, 0, adds[static_cast<std::size_t>(b)], count, attention.view());
+      }
+      if (grown) {
+        cache.keys_ = std::move(grown_keys);
+        cache.values_ = std::move(grown_values);
+      }
+      for (Index b = 0; b < batch; ++b) {
+        cache.lengths_[static_cast<std::size_t>(b)] += adds[static_cast<std::size_t>(b)];
+        cache.seen_[static_cast<std::size_t>(b)] += adds[static_cast<std::size_t>(b)];
+      }
+    } else {
+      // One row at a time, so that every row sees exactly the sinks and the last `window` tokens.
+      if (grown) {
+        cache.keys_ = std::move(grown_keys);
+        cache.values_ = std::move(grown_values);
+      }
+      for (Index l = 0; l < new_len; ++l)
+        for (Index b = 0; b < batch; ++b) {
+          if (l >= adds[static_cast<std::size_t>(b)]) continue;
+          Index& length = cache.lengths_[static_cast<std::size_t>(b)];
+          append(cache, cache.keys_.view(), cache.values_.view(), k, v, b, l, length);
+          ++length;
+          ++cache.seen_[static_cast<std::size_t>(b)];
+          evict(cache, b);  // first: the row sees the sinks and the last `window` tokens, itself included
+          attend_cached(q, cache.keys_.view(), cache.values_.view(), attention_opts, b, l, 1, length, attention.view());
+        }
+    }
+    const Tensor<T, 3> merged = merge_heads(attention);
+    Tensor<T, 3> output({batch, new_len, config_.embed_dim});
+    detail::linear_into<T>(merged.view(), params_.out_weight.view(), params_.out_bias.view(), output.view());
+    return output;
   }
 
   MultiHeadAttentionConfig config_;

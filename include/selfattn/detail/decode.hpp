@@ -1,0 +1,143 @@
+// selfattn/detail/decode.hpp — attention for few queries over many keys (incremental decoding), and the
+// merge of partial results over disjoint key sets.
+//
+// Decoding reads the whole KV cache to produce a handful of output rows: the work is memory-bound. The
+// keys are cut into chunks; each chunk yields a partial result (out_c, lse_c) for every query row of a
+// key/value head's group, and the partials are merged by their log-sum-exps (flash-decoding). Chunks are
+// independent, so threads split the keys rather than the few queries. The merge runs in chunk order, so
+// the result does not depend on the thread count.
+#pragma once
+
+#include <selfattn/detail/reference.hpp>
+#include <selfattn/tensor.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace selfattn::detail {
+
+/// Merges partial attention over disjoint key sets, one row at a time:
+///   lse = log(exp(lse_a) + exp(lse_b)),   out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b.
+/// A partial with lse = -inf saw no key and contributes nothing; two such give out 0 and lse -inf.
+template <typename T, typename RowA, typename RowB, typename RowOut>
+T merge_partial_rows(T lse_a, const RowA& out_a, T lse_b, const RowB& out_b, RowOut&& out) {
+  constexpr T minus_infinity = -std::numeric_limits<T>::infinity();
+  const T m = std::max(lse_a, lse_b);
+  if (m == minus_infinity) {
+    out.setZero();
+    return minus_infinity;
+  }
+  // Weights relative to the larger lse: one of them is exactly 1, neither overflows.
+  const T weight_a = lse_a == minus_infinity ? T(0) : std::exp(lse_a - m);
+  const T weight_b = lse_b == minus_infinity ? T(0) : std::exp(lse_b - m);
+  const T sum = weight_a + weight_b;
+  if (weight_b == T(0))
+    out = out_a;
+  else if (weight_a == T(0))
+    out = out_b;
+  else
+    out = (weight_a / sum) * out_a + (weight_b / sum) * out_b;
+  return m + std::log(sum);
+}
+
+/// Keys per chunk: 256 rows of K and V (D = 128, float: 256 KB together) keep a chunk's scores and
+/// probabilities in L1 while the rows stream once from memory; enough chunks for 2 threads from 512 keys.
+constexpr Index decode_chunk = 256;
+
+/// Partial attention of the query rows of one key/value head over keys [begin, end): rows r = g * Lq + l
+/// (g = query head within the group, l = query row). Writes out (rows, Dv), normalised, and lse per row.
+template <typename T>
+void decode_chunk_partial(const AttentionParams<T>& p, Index b, Index kv_head, const RowMajorMatrix<T>& queries,
+                          Index begin, Index end, RowMajorMatrix<T>& out, Eigen::Matrix<T, Eigen::Dynamic, 1>& lse) {
+  constexpr T minus_infinity = -std::numeric_limits<T>::infinity();
+  const Index group = p.heads() / p.k.dim(1), rows = queries.rows(), keys = end - begin;
+  const auto k = as_matrix(p.k[b][kv_head]).middleRows(begin, keys);
+  const auto v = as_matrix(p.v[b][kv_head]).middleRows(begin, keys);
+  // s = scale * q . k_j for every row and key of the chunk: one small GEMM streaming the chunk's keys.
+  RowMajorMatrix<T> s(rows, keys);
+  s.noalias() = p.scale * (queries * k.transpose());
+  bool all_visible = true;
+  for (Index r = 0; r < rows; ++r) {
+    const Index h = kv_head * group + r / p.q_len(), i = r % p.q_len();
+    const KeyRange range = p.mask.key_range(b, i);
+    for (Index j = begin; j < end; ++j) {
+      const bool visible = j >= range.begin && j < range.end && p.mask.element_allowed(b, h, i, j);
+      if (!visible) all_visible = false;
+      // Select the masked value (never compute it): NaN in a masked key must not survive.
+      s(r, j - begin) = visible ? s(r, j - begin) + (p.mask.has_score_offset() ? p.mask.score_offset(b, h, i, j) : T(0))
+                                : minus_infinity;
+    }
+  }
+  for (Index r = 0; r < rows; ++r) {  // softmax within the chunk: P = exp(s - m) / l, lse = m + log l
+    T m = minus_infinity;
+    for (Index c = 0; c < keys; ++c)
+      if (!(s(r, c) <= m)) m = s(r, c);
+    T l = 0;
+    for (Index c = 0; c < keys; ++c) {
+      s(r, c) = (m == minus_infinity || s(r, c) == minus_infinity) ? T(0) : std::exp(s(r, c) - m);
+      l += s(r, c);
+    }
+    lse(r) = l > T(0) ? m + std::log(l) : minus_infinity;
+    s.row(r) *= l > T(0) ? T(1) / l : T(0);
+    if (p.dropout.active()) {  // after the sum: lse is before dropout, o uses the dropped weights
+      const Index h = kv_head * group + r / p.q_len(), i = r % p.q_len();
+      for (Index c = 0; c < keys; ++c) s(r, c) = dropped_weight(p, b, h, i, begin + c, s(r, c));
+    }
+  }
+  if (all_visible && !p.dropout.active()) {
+    out.noalias() = s * v;  // o = P V
+  } else {
+    out.setZero();
+    for (Index r = 0; r < rows; ++r)
+      for (Index c = 0; c < keys; ++c)
+        if (s(r, c) != T(0)) out.row(r) += s(r, c) * v.row(c);  // masked keys skipped, not weighted by 0
+  }
+}
+
+/// The decode forward: same contract as reference_forward (no weights), split over key chunks.
+template <typename T>
+void decode_forward(const AttentionParams<T>& p, const ForwardOutputs<T>& result) {
+  const Index kv_heads = p.k.dim(1), group = p.heads() / kv_heads, rows = group * p.q_len();
+  const Index chunks = std::max<Index>(1, (p.k_len() + decode_chunk - 1) / decode_chunk);
+  const Index value_dim = p.value_dim();
+  for (Index b = 0; b < p.batch(); ++b) {
+    // Partials of every (kv head, chunk), merged afterwards in chunk order.
+    std::vector<RowMajorMatrix<T>> outs(static_cast<std::size_t>(kv_heads * chunks), RowMajorMatrix<T>(rows, value_dim));
+    std::vector<Eigen::Matrix<T, Eigen::Dynamic, 1>> lses(static_cast<std::size_t>(kv_heads * chunks),
+                                                          Eigen::Matrix<T, Eigen::Dynamic, 1>(rows));
+    std::vector<RowMajorMatrix<T>> queries(static_cast<std::size_t>(kv_heads), RowMajorMatrix<T>(rows, p.q.dim(3)));
+    for (Index hk = 0; hk < kv_heads; ++hk)
+      for (Index g = 0; g < group; ++g)
+        queries[static_cast<std::size_t>(hk)].middleRows(g * p.q_len(), p.q_len()) = as_matrix(p.q[b][hk * group + g]);
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+    for (Index task = 0; task < kv_heads * chunks; ++task) {
+      const Index hk = task / chunks, c = task % chunks;
+      const Index begin = c * decode_chunk, end = std::min(p.k_len(), begin + decode_chunk);
+      decode_chunk_partial(p, b, hk, queries[static_cast<std::size_t>(hk)], begin, end,
+                           outs[static_cast<std::size_t>(task)], lses[static_cast<std::size_t>(task)]);
+    }
+    for (Index hk = 0; hk < kv_heads; ++hk) {
+      RowMajorMatrix<T>& merged = outs[static_cast<std::size_t>(hk * chunks)];
+      Eigen::Matrix<T, Eigen::Dynamic, 1>& merged_lse = lses[static_cast<std::size_t>(hk * chunks)];
+      for (Index c = 1; c < chunks; ++c) {
+        const auto& out_c = outs[static_cast<std::size_t>(hk * chunks + c)];
+        const auto& lse_c = lses[static_cast<std::size_t>(hk * chunks + c)];
+        for (Index r = 0; r < rows; ++r) {
+          const Eigen::Matrix<T, 1, Eigen::Dynamic> previous = merged.row(r);
+          merged_lse(r) = merge_partial_rows(merged_lse(r), previous, lse_c(r), out_c.row(r), merged.row(r));
+        }
+      }
+      for (Index r = 0; r < rows; ++r) {
+        const Index h = hk * group + r / p.q_len(), i = r % p.q_len();
+        result.lse(b, h, i) = merged_lse(r);
+        as_vector(result.out[b][h][i]) = merged.row(r);
+      }
+    }
+  }
+}
+
+}  // namespace selfattn::detail
