@@ -5,6 +5,7 @@
 #include <selfattn/dropout.hpp>
 #include <selfattn/errors.hpp>
 #include <selfattn/heads.hpp>
+#include <selfattn/kv_cache.hpp>
 #include <selfattn/mask.hpp>
 #include <selfattn/multihead.hpp>
 #include <selfattn/options.hpp>

@@ -58,29 +58,42 @@ void decode_chunk_partial(const AttentionParams<T>& p, Index b, Index kv_head, c
   // s = scale * q . k_j for every row and key of the chunk: one small GEMM streaming the chunk's keys.
   RowMajorMatrix<T> s(rows, keys);
   s.noalias() = p.scale * (queries * k.transpose());
-  bool all_visible = true;
-  for (Index r = 0; r < rows; ++r) {
-    const Index h = kv_head * group + r / p.q_len(), i = r % p.q_len();
+  // Decoding's common case: no per-element mask or score term, and the chunk inside every row's key
+  // range. Then there is nothing to do per element but the exponential.
+  bool all_visible = !p.mask.allowed.present() && !p.mask.has_score_offset();
+  for (Index i = 0; all_visible && i < p.q_len(); ++i) {
     const KeyRange range = p.mask.key_range(b, i);
-    for (Index j = begin; j < end; ++j) {
-      const bool visible = j >= range.begin && j < range.end && p.mask.element_allowed(b, h, i, j);
-      if (!visible) all_visible = false;
-      // Select the masked value (never compute it): NaN in a masked key must not survive.
-      s(r, j - begin) = visible ? s(r, j - begin) + (p.mask.has_score_offset() ? p.mask.score_offset(b, h, i, j) : T(0))
-                                : minus_infinity;
-    }
+    all_visible = range.begin <= begin && end <= range.end;
   }
+  if (!all_visible)
+    for (Index r = 0; r < rows; ++r) {
+      const Index h = kv_head * group + r / p.q_len(), i = r % p.q_len();
+      const KeyRange range = p.mask.key_range(b, i);
+      for (Index j = begin; j < end; ++j) {
+        const bool visible = j >= range.begin && j < range.end && p.mask.element_allowed(b, h, i, j);
+        // Select the masked value (never compute it): NaN in a masked key must not survive.
+        s(r, j - begin) = visible ? s(r, j - begin) + (p.mask.has_score_offset() ? p.mask.score_offset(b, h, i, j) : T(0))
+                                  : minus_infinity;
+      }
+    }
   for (Index r = 0; r < rows; ++r) {  // softmax within the chunk: P = exp(s - m) / l, lse = m + log l
     T m = minus_infinity;
     for (Index c = 0; c < keys; ++c)
-      if (!(s(r, c) <= m)) m = s(r, c);
-    T l = 0;
-    for (Index c = 0; c < keys; ++c) {
-      s(r, c) = (m == minus_infinity || s(r, c) == minus_infinity) ? T(0) : std::exp(s(r, c) - m);
-      l += s(r, c);
+      if (!(s(r, c) <= m)) m = s(r, c);  // a NaN score propagates
+    if (m == minus_infinity) {
+      s.row(r).setZero();
+      lse(r) = minus_infinity;
+      continue;
     }
-    lse(r) = l > T(0) ? m + std::log(l) : minus_infinity;
-    s.row(r) *= l > T(0) ? T(1) / l : T(0);
+    // Vectorised exp; masked entries are selected to 0 (Eigen's vectorised exp(-inf) is not 0).
+    auto row = s.row(r).array();
+    if (all_visible)
+      row = (row - m).exp();
+    else
+      row = (row == minus_infinity).select(T(0), (row - m).exp());
+    const T l = row.sum();
+    lse(r) = m + std::log(l);
+    row /= l;
     if (p.dropout.active()) {  // after the sum: lse is before dropout, o uses the dropped weights
       const Index h = kv_head * group + r / p.q_len(), i = r % p.q_len();
       for (Index c = 0; c < keys; ++c) s(r, c) = dropped_weight(p, b, h, i, begin + c, s(r, c));

@@ -1,0 +1,137 @@
+// Decoding benchmarks: one decode step over a KV cache, as memory bandwidth, next to a STREAM-like triad
+// measured in the same binary; and decoding with the cache against recomputing attention every token.
+//
+//   BM_triad/N/H/Hkv          a[i] = b[i] + s c[i] over as many bytes as the decode step below reads
+//   BM_decode_kernel/N/H/Hkv  one query row per head over N cached keys and values (D = 128, float):
+//                             the attention of one decode step, reported as GB/s of K/V read
+//   BM_decode_step/N          MultiHeadAttention::step of one token over a cache of N tokens (E = 1024)
+//   BM_recompute/N            the same token by a full causal forward over all N tokens (no cache)
+//
+// The figure of merit is BM_decode_kernel's bytes_per_second over BM_triad's for the same N/H/Hkv.
+// Threads: with OpenMP (-DSELFATTN_OPENMP=ON) the last argument picks the thread count (1 or 2).
+#include <benchmark/benchmark.h>
+
+#include <selfattn/selfattn.hpp>
+
+#include <cmath>
+#include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace {
+
+using selfattn::Index;
+using selfattn::Tensor;
+
+constexpr Index head_dim = 128;
+
+void use_threads(benchmark::State& state, int argument) {
+  const int threads = static_cast<int>(state.range(argument));
+#ifdef _OPENMP
+  omp_set_num_threads(threads);
+#else
+  if (threads != 1) state.SkipWithError("built without OpenMP: one thread only");
+#endif
+}
+
+template <int Rank>
+Tensor<float, Rank> filled(const std::array<Index, Rank>& shape) {
+  Tensor<float, Rank> t(shape);
+  for (Index n = 0; n < t.size(); ++n) t.data()[n] = static_cast<float>(std::sin(0.001 * static_cast<double>(n)));
+  return t;
+}
+
+// Bytes of K and V one decode step reads: 2 Hkv N D floats.
+double kv_bytes(Index keys, Index kv_heads) { return 2.0 * static_cast<double>(kv_heads * keys * head_dim) * sizeof(float); }
+
+void BM_triad(benchmark::State& state) {
+  use_threads(state, 3);
+  // Three arrays whose traffic (2 reads + 1 write) equals the decode step's K/V read.
+  const auto n = static_cast<std::ptrdiff_t>(kv_bytes(state.range(0), state.range(2)) / (3 * sizeof(float)));
+  std::vector<float> a(static_cast<std::size_t>(n)), b(static_cast<std::size_t>(n), 1.0f), c(static_cast<std::size_t>(n), 2.0f);
+  const float s = 3.0f;
+  for (auto _ : state) {
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+    for (std::ptrdiff_t i = 0; i < n; ++i) a[static_cast<std::size_t>(i)] = b[static_cast<std::size_t>(i)] + s * c[static_cast<std::size_t>(i)];
+    benchmark::DoNotOptimize(a.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * 3 * n * static_cast<int64_t>(sizeof(float)));
+}
+
+void BM_decode_kernel(benchmark::State& state) {
+  use_threads(state, 3);
+  const Index keys = state.range(0), heads = state.range(1), kv_heads = state.range(2);
+  const auto q = filled<4>({1, heads, 1, head_dim});
+  const auto k = filled<4>({1, kv_heads, keys, head_dim});
+  const auto v = filled<4>({1, kv_heads, keys, head_dim});
+  const selfattn::AttentionOptions<float> opts;
+  const auto params = selfattn::detail::make_params<float>(q, k, v, opts);
+  Tensor<float, 4> out({1, heads, 1, head_dim});
+  Tensor<float, 3> lse({1, heads, 1});
+  for (auto _ : state) {
+    selfattn::detail::decode_forward(params, selfattn::detail::ForwardOutputs<float>{out.view(), lse.view(), {}});
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(static_cast<double>(state.iterations()) * kv_bytes(keys, kv_heads)));
+  // 4 flops per key and dimension per query head: q.k and p v, a multiply and an add each.
+  state.counters["FLOP/s"] = benchmark::Counter(4.0 * static_cast<double>(heads * keys * head_dim),
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+
+selfattn::MultiHeadAttention<float> decoder(Index heads, Index kv_heads) {
+  selfattn::MultiHeadAttentionConfig cfg;
+  cfg.embed_dim = heads * head_dim;
+  cfg.num_heads = heads;
+  cfg.num_kv_heads = kv_heads;
+  cfg.rope_dim = head_dim;
+  return selfattn::MultiHeadAttention<float>(cfg, 1);
+}
+
+// One token through the module (projections, RoPE, append, attention) over a cache of N tokens. The cache
+// grows by one token per iteration, a small drift for N >> iterations.
+void BM_decode_step(benchmark::State& state) {
+  use_threads(state, 1);
+  const Index keys = state.range(0);
+  const auto mha = decoder(8, 8);
+  auto cache = mha.make_cache(1, selfattn::CachePolicy::keep_all(keys + 100000));
+  const Index chunk = 1024;
+  for (Index filled_keys = 0; filled_keys < keys; filled_keys += chunk)
+    mha.step(filled<3>({1, std::min(chunk, keys - filled_keys), 8 * head_dim}), cache);
+  const auto token = filled<3>({1, 1, 8 * head_dim});
+  for (auto _ : state) benchmark::DoNotOptimize(mha.step(token, cache).data());
+  state.SetBytesProcessed(static_cast<int64_t>(static_cast<double>(state.iterations()) * kv_bytes(keys, 8)));
+}
+
+// The same token without a cache: a causal forward over the whole sequence, O(N^2) per generated token.
+void BM_recompute(benchmark::State& state) {
+  use_threads(state, 1);
+  const Index keys = state.range(0);
+  const auto mha = decoder(8, 8);
+  const auto sequence = filled<3>({1, keys, 8 * head_dim});
+  selfattn::AttentionOptions<float> causal;
+  causal.causal = selfattn::Causal::top_left;
+  for (auto _ : state) benchmark::DoNotOptimize(mha.forward(sequence, causal).output.data());
+}
+
+void decode_shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"", "H", "Hkv", "threads"});
+  b->Args({128, 8, 8, 1});  // the CI smoke size
+  for (Index keys : {1024, 4096, 16384, 32768, 65536})
+    for (auto heads : {std::pair<Index, Index>{8, 8}, {32, 2}})
+      for (int threads : {1, 2}) b->Args({keys, heads.first, heads.second, threads});
+}
+
+}  // namespace
+
+BENCHMARK(BM_triad)->Apply(decode_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_decode_kernel)->Apply(decode_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_decode_step)->ArgNames({"", "threads"})->Args({128, 1})->Args({4096, 1})->Args({32768, 1})->Args({32768, 2})
+    ->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_recompute)->ArgNames({"", "threads"})->Args({128, 1})->Args({512, 1})->Args({2048, 1})
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
