@@ -4,6 +4,7 @@
 // Lk key length, D head dim of q and k, Dv head dim of v.
 #pragma once
 
+#include <selfattn/detail/fused.hpp>
 #include <selfattn/detail/reference.hpp>
 #include <selfattn/errors.hpp>
 #include <selfattn/options.hpp>
@@ -129,9 +130,13 @@ AttentionForward<T> sdpa_forward_views(const char* function, const TensorView<co
   result.out = Tensor<T, 4>({q.dim(0), q.dim(1), q.dim(2), v.dim(3)});
   result.lse = Tensor<T, 3>({q.dim(0), q.dim(1), q.dim(2)});
   if (opts.need_weights) result.weights = Tensor<T, 4>({q.dim(0), q.dim(1), q.dim(2), k.dim(2)});
-  reference_forward(make_params(q, k, v, opts),
-                    ForwardOutputs<T>{result.out.view(), result.lse.view(),
-                                      opts.need_weights ? result.weights.view() : TensorView<T, 4>()});
+  const AttentionParams<T> params = make_params(q, k, v, opts);
+  // The fused kernel never materialises the weights: asking for them (or for the reference) runs the reference.
+  if (opts.need_weights || opts.kernel == Kernel::reference)
+    reference_forward(params, ForwardOutputs<T>{result.out.view(), result.lse.view(),
+                                                opts.need_weights ? result.weights.view() : TensorView<T, 4>()});
+  else
+    fused_forward(params, ForwardOutputs<T>{result.out.view(), result.lse.view(), TensorView<T, 4>()});
   return result;
 }
 
@@ -151,9 +156,13 @@ AttentionGradients<T> sdpa_backward_views(const char* function, const TensorView
 
   AttentionGradients<T> g{Tensor<T, 4>(q.shape()), Tensor<T, 4>(k.shape()), Tensor<T, 4>(v.shape()), Tensor<T, 4>()};
   if (opts.bias.data()) g.dbias = Tensor<T, 4>(opts.bias.shape());
-  reference_backward(make_params(q, k, v, opts),
-                     BackwardTensors<T>{out, lse, dout, g.dq.view(), g.dk.view(), g.dv.view(),
-                                        opts.bias.data() ? g.dbias.view() : TensorView<T, 4>()});
+  const BackwardTensors<T> tensors{out, lse, dout, g.dq.view(), g.dk.view(), g.dv.view(),
+                                   opts.bias.data() ? g.dbias.view() : TensorView<T, 4>()};
+  // Either backward accepts the out and lse of either forward: both compute the same lse and out.
+  if (opts.kernel == Kernel::reference)
+    reference_backward(make_params(q, k, v, opts), tensors);
+  else
+    fused_backward(make_params(q, k, v, opts), tensors);
   return g;
 }
 
@@ -201,7 +210,9 @@ AttentionGradients<detail::scalar_of<Q>> sdpa_backward(const Q& q, const K& k, c
                                      detail::const_view(dout), opts);
 }
 
-/// \brief The attention output only: (B, H, Lq, Dv). `opts.need_weights` is ignored.
+/// \brief The attention output only: (B, H, Lq, Dv). No weights are returned; `opts.need_weights` only keeps
+/// the kernel choice of `sdpa_forward` with the same options (the reference kernel), so that the result equals
+/// `sdpa_forward(q, k, v, opts).out` bit for bit.
 /// \code
 /// Tensor<double, 4> o = scaled_dot_product_attention(q, k, v);
 /// \endcode
@@ -210,6 +221,7 @@ Tensor<detail::scalar_of<Q>, 4> scaled_dot_product_attention(const Q& q, const K
                                                              const AttentionOptions<detail::scalar_of<Q>>& opts = {}) {
   AttentionOptions<detail::scalar_of<Q>> without_weights = opts;
   without_weights.need_weights = false;
+  if (opts.need_weights) without_weights.kernel = Kernel::reference;  // the kernel sdpa_forward(opts) runs
   return detail::sdpa_forward_views("scaled_dot_product_attention", detail::const_view(q), detail::const_view(k),
                                     detail::const_view(v), without_weights)
       .out;

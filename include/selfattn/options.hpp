@@ -14,6 +14,17 @@ namespace selfattn {
 /// `bottom_right` allows `j <= i + off` (FlashAttention's; right for queries at the end of a KV cache).
 enum class Causal { none, top_left, bottom_right };
 
+/// \brief Which attention kernel runs a call.
+///
+/// `automatic` (the default) runs the fused kernel (detail/fused.hpp: tiled online softmax, O(tile) memory
+/// beyond inputs and outputs, threads under OpenMP) unless `need_weights` asks for the probabilities, which
+/// only the reference kernel materialises. `reference` always runs the reference kernel
+/// (detail/reference.hpp): the specification, short and slow, holding one (Lq, Lk) score matrix per (batch,
+/// head); tests compare against it. `fused` asks for the fused kernel, falling back to the reference when
+/// `need_weights` is set. Both kernels give the same results up to rounding, and `sdpa_backward` accepts the
+/// `out` and `lse` of either forward.
+enum class Kernel { automatic, reference, fused };
+
 /// \brief Options of one attention call. Every field is optional; all masks combine by logical and.
 ///
 /// Shapes: B batch, H query heads, Lq query length, Lk key length.
@@ -36,6 +47,7 @@ struct AttentionOptions {
   T dropout_p = T(0);                     ///< dropout rate on the probabilities, in [0, 1)
   std::uint64_t seed = 0;                 ///< dropout stream key: same seed, same mask
   bool need_weights = false;              ///< also return the attention probabilities (B, H, Lq, Lk)
+  Kernel kernel = Kernel::automatic;      ///< fused unless need_weights; `reference` forces the specification
 };
 
 }  // namespace selfattn
