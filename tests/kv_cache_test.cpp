@@ -265,7 +265,7 @@ TEST(KVCacheMemory, BoundedOverALongStream) {
   EXPECT_EQ(cache.memory_bytes(), bytes_after_warmup);
   EXPECT_EQ(cache.length(), 20);
   EXPECT_EQ(cache.positions()[0], stream);
-  // (4 + 16 + 1) slots of keys and values plus the 4 sinks' unrotated keys, 4 floats each.
+  // (4 + 16 + 1) slots of keys and values plus the copies of the 4 sinks' keys, 4 floats each.
   EXPECT_EQ(cache.memory_bytes(), sizeof(float) * 4 * (2 * 21 + 4));
 }
 

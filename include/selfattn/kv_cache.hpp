@@ -84,7 +84,7 @@ class KVCache {
   TensorView<const T, 4> keys() const { return keys_; }
   /// Values, (B, Hkv, capacity, D).
   TensorView<const T, 4> values() const { return values_; }
-  /// Bytes held for keys, values and the sink keys' unrotated copies: what the policy bounds.
+  /// Bytes held for keys, values and the copies of the sinks' keys as first rotated: what the policy bounds.
   std::size_t memory_bytes() const {
     return sizeof(T) * static_cast<std::size_t>(keys_.size() + values_.size() + sink_keys_.size());
   }

@@ -94,10 +94,25 @@ namespace detail {
 /// The three projections of self-attention in one GEMM: y = x [Wq; Wk; Wv]^T + [bq; bk; bv], shape
 /// (B, L, Out_q + Out_k + Out_v); q, k and v are its column blocks in that order. Reading x once and
 /// running one wide GEMM beats three narrow ones. Biases are all present or all absent.
+///
+/// Stacking copies the weights, O(Out * In); the GEMM is O(B L Out In). For a few rows (a decode step) the
+/// copy would cost more than the product, so there each projection writes its column block directly.
+constexpr Index fused_projection_min_rows = 16;
+
 template <typename T>
 Tensor<T, 3> fused_qkv_projection(const TensorView<const T, 3>& x, const std::array<TensorView<const T, 2>, 3>& weights,
                                   const std::array<TensorView<const T, 1>, 3>& biases) {
   const Index outputs = weights[0].dim(0) + weights[1].dim(0) + weights[2].dim(0);
+  if (x.dim(0) * x.dim(1) < fused_projection_min_rows) {
+    Tensor<T, 3> y({x.dim(0), x.dim(1), outputs});
+    Index column = 0;
+    for (std::size_t m = 0; m < 3; ++m) {
+      const TensorView<T, 3> block(y.data() + column, {x.dim(0), x.dim(1), weights[m].dim(0)}, y.strides());
+      linear_into(x, weights[m], biases[m], block);
+      column += weights[m].dim(0);
+    }
+    return y;
+  }
   RowMajorMatrix<T> stacked_weight(outputs, x.dim(2));
   // An empty bias is absent (a module without biases holds empty ones).
   const bool has_bias = !biases[0].empty() || !biases[1].empty() || !biases[2].empty();

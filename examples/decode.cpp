@@ -1,0 +1,301 @@
+// decode.cpp — generating a sequence token by token with a KV cache (MultiHeadAttention::make_cache and
+// step), under each eviction policy: keep_all, sliding_window(W) and attention_sinks(S, W).
+//
+// The model is small and random: a fixed embedding table (vocab x E), one grouped-query attention layer
+// (E = 256, H = 8 query heads, Hkv = 2 key/value heads, RoPE over the whole head dim 32) and a fixed readout
+// to the vocabulary; the next token is the argmax of the readout of the layer's output (greedy decoding).
+// The text it writes means nothing; the timings and the checks are the point. It prints:
+//   1. a correctness check: a prompt prefilled in one step then tokens generated one at a time give the
+//      rows of one causal forward over the whole sequence (exit code 1 if not);
+//   2. per-token latency and cache memory as the sequence grows, per policy: keep_all grows with the
+//      length, the windowed policies stay flat once the window is full (and their memory from the start);
+//   3. one token with the cache against recomputing a causal forward over the whole sequence: O(N) vs O(N^2);
+//   4. the eviction checks: the last token under a window equals one forward over the tokens the policy
+//      kept, renumbered from position 0 (positions within the cache, docs/decoding.md).
+// Latencies are medians over a few tokens (the machine may be busy with other work); they include the
+// embedding lookup, the step, the readout and the argmax.
+#include <selfattn/selfattn.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+using namespace selfattn;
+
+namespace {
+
+// Sizes. The test suite runs every example, Debug (-O0) builds included, where Eigen is some 20-50x slower:
+// without optimisation the sequences are shorter, so that the run stays at a few seconds either way.
+// __OPTIMIZE__ is defined by g++ and clang++ from -O1 up (NDEBUG would not do: -O2 without it is common);
+// other compilers get the small sizes.
+#ifdef __OPTIMIZE__
+constexpr Index longest = 4096;  // tokens generated per policy (the last row of the latency table)
+constexpr Index window = 256;    // W of sliding_window(W); attention_sinks(S, W - S) keeps as many tokens
+const std::vector<Index> recompute_lengths = {128, 256, 512, 1024};
+#else
+constexpr Index longest = 512;
+constexpr Index window = 64;
+const std::vector<Index> recompute_lengths = {32, 128};
+#endif
+constexpr Index embed_dim = 256, heads = 8, kv_heads = 2, vocab = 64, sinks = 4;
+constexpr Index timed_tokens = 15;  // latency at length N: the median of the steps that reach N .. N + 14
+constexpr double tolerance = 1e-4;  // float, outputs of order 1
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+double microseconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+}
+
+/// Embedding, one attention layer, readout; random and fixed.
+struct Model {
+  MultiHeadAttention<float> attention;
+  Tensor<float, 2> embedding{{vocab, embed_dim}};  // row t: the input vector of token t
+  Tensor<float, 2> readout{{vocab, embed_dim}};    // logits = readout * output row
+
+  static MultiHeadAttentionConfig config() {
+    MultiHeadAttentionConfig cfg;
+    cfg.embed_dim = embed_dim;
+    cfg.num_heads = heads;
+    cfg.num_kv_heads = kv_heads;      // grouped-query: the cache stores 2 heads, not 8
+    cfg.rope_dim = embed_dim / heads;  // RoPE on the full head dim (32)
+    return cfg;
+  }
+
+  Model() : attention(config(), 7) {
+    std::mt19937 random(2024);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (Index n = 0; n < embedding.size(); ++n) embedding.data()[n] = normal(random);
+    for (Index n = 0; n < readout.size(); ++n) readout.data()[n] = normal(random);
+  }
+
+  /// The inputs (1, L, E) of a token sequence.
+  Tensor<float, 3> embed(const std::vector<int>& tokens, std::size_t begin, std::size_t end) const {
+    Tensor<float, 3> x({1, static_cast<Index>(end - begin), embed_dim});
+    for (std::size_t l = begin; l < end; ++l)
+      as_vector(x[0][static_cast<Index>(l - begin)]) = as_vector(embedding.view()[tokens[l]]);
+    return x;
+  }
+
+  /// Greedy: the token whose readout row scores row `row` of y (1, L, E) highest.
+  int next_token(const Tensor<float, 3>& y, Index row) const {
+    const Eigen::Matrix<float, Eigen::Dynamic, 1> logits = as_matrix(readout.view()) * as_vector(y.view()[0][row]).transpose();
+    Index best = 0;
+    logits.maxCoeff(&best);
+    return static_cast<int>(best);
+  }
+};
+
+/// Max |a - b| over two (1, L, E) tensors (or their rows [a_row, a_row + rows), [b_row, ...)).
+double max_difference(const Tensor<float, 3>& a, Index a_row, const Tensor<float, 3>& b, Index b_row, Index rows) {
+  double worst = 0;
+  for (Index l = 0; l < rows; ++l)
+    for (Index e = 0; e < embed_dim; ++e)
+      worst = std::max(worst, std::abs(static_cast<double>(a(0, a_row + l, e)) - static_cast<double>(b(0, b_row + l, e))));
+  return worst;
+}
+
+Tensor<float, 3> causal_forward(const Model& model, const Tensor<float, 3>& x) {
+  AttentionOptions<float> causal;
+  causal.causal = Causal::top_left;
+  return model.attention.forward(x, causal).output;
+}
+
+// ---- 1. correctness -------------------------------------------------------------------------------------
+
+/// A prompt of 5 tokens prefilled in one step, then 11 tokens one at a time, against one causal forward.
+bool check_against_forward(const Model& model) {
+  std::vector<int> tokens = {1, 2, 3, 4, 5};
+  auto cache = model.attention.make_cache(1);
+  std::vector<Tensor<float, 3>> outputs{model.attention.step(model.embed(tokens, 0, tokens.size()), cache)};
+  tokens.push_back(model.next_token(outputs.back(), 4));
+  while (tokens.size() < 17) {
+    outputs.push_back(model.attention.step(model.embed(tokens, tokens.size() - 1, tokens.size()), cache));
+    tokens.push_back(model.next_token(outputs.back(), 0));
+  }
+  tokens.pop_back();  // generated but not fed: 16 inputs (5 + 11), 16 output rows
+  const Tensor<float, 3> expected = causal_forward(model, model.embed(tokens, 0, tokens.size()));
+  double worst = max_difference(outputs[0], 0, expected, 0, 5);
+  for (std::size_t t = 1; t < outputs.size(); ++t)
+    worst = std::max(worst, max_difference(outputs[t], 0, expected, static_cast<Index>(4 + t), 1));
+  std::string text;
+  for (int token : tokens) text += std::to_string(token) + " ";
+  std::printf("tokens: %s(prompt 1 2 3 4 5, then greedy)\n", text.c_str());
+  std::printf("prefill of 5 tokens + 11 single-token steps vs one causal forward over the 16: max |difference| = %.2e %s\n",
+              worst, worst <= tolerance ? "(ok)" : "(FAILED)");
+  return worst <= tolerance;
+}
+
+// ---- 2. generation under a policy -------------------------------------------------------------------------
+
+struct Generation {
+  std::string name;
+  CachePolicy policy;
+  KVCache<float> cache;
+  std::vector<int> tokens;          // tokens[0] is the start token; tokens[t] is fed at step t
+  std::vector<double> step_us;      // step_us[t]: the token fed at step t
+  std::vector<std::size_t> bytes;   // cache.memory_bytes() after step t
+  Tensor<float, 3> last_output;     // (1, 1, E) of the last step
+};
+
+/// One token of a generation: feed the last token, read the next one out.
+void generate_one(const Model& model, Generation& g) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::size_t last = g.tokens.size() - 1;
+  g.last_output = model.attention.step(model.embed(g.tokens, last, last + 1), g.cache);
+  g.tokens.push_back(model.next_token(g.last_output, 0));
+  g.step_us.push_back(microseconds_since(start));
+  g.bytes.push_back(g.cache.memory_bytes());
+}
+
+/// Each policy generates its own sequence from the start token; the policies take turns token by token, so
+/// that a busy moment of the machine slows them alike.
+std::vector<Generation> generate_all(const Model& model, const std::vector<std::pair<std::string, CachePolicy>>& policies,
+                                     Index steps) {
+  std::vector<Generation> runs;
+  for (const auto& [name, policy] : policies)
+    runs.push_back(Generation{name, policy, model.attention.make_cache(1, policy), {0}, {}, {}, {}});
+  for (Index t = 0; t < steps; ++t)
+    for (Generation& g : runs) generate_one(model, g);
+  for (Generation& g : runs) g.tokens.pop_back();  // generated but not fed
+  return runs;
+}
+
+/// Median latency of the steps at which the sequence reaches lengths n .. n + timed_tokens - 1.
+double latency_at(const Generation& g, Index n) {
+  const auto begin = g.step_us.begin() + (n - 1);
+  return median(std::vector<double>(begin, begin + timed_tokens));
+}
+
+void print_latency_table(const std::vector<Generation>& runs) {
+  std::printf("\n%-8s", "tokens");
+  for (const Generation& g : runs) std::printf(" | %24s", g.name.c_str());
+  std::printf("\n%-8s", "so far");
+  for (std::size_t r = 0; r < runs.size(); ++r) std::printf(" | %11s %12s", "us/token", "cache KiB");
+  std::printf("\n--------");
+  for (std::size_t r = 0; r < runs.size(); ++r) std::printf("-+-------------------------");
+  std::printf("\n");
+  for (Index n = 1; n <= longest; n *= 2) {
+    std::printf("%8td", n);
+    for (const Generation& g : runs)
+      std::printf(" | %11.1f %12.1f", latency_at(g, n), static_cast<double>(g.bytes[static_cast<std::size_t>(n - 1)]) / 1024);
+    std::printf("\n");
+  }
+  const Index from = window;  // the windowed policies are full from here on
+  std::printf("latency at %td tokens / at %td:", longest, from);
+  for (const Generation& g : runs) std::printf("  %s %.2fx", g.name.c_str(), latency_at(g, longest) / latency_at(g, from));
+  std::printf("\n");
+}
+
+// ---- 3. cache vs recompute --------------------------------------------------------------------------------
+
+/// One generated token at sequence length n: a step over a cache holding n - 1 tokens, or a causal forward
+/// over all n (whose last row is that token's output). Returns false if the two outputs differ.
+bool compare_with_recompute(const Model& model, const std::vector<int>& tokens) {
+  std::printf("\n%8s | %14s | %16s | %9s | %s\n", "length N", "step, us", "recompute, us", "ratio", "max |difference|");
+  std::printf("---------+----------------+------------------+-----------+-----------------\n");
+  bool ok = true;
+  for (Index n : recompute_lengths) {
+    const Tensor<float, 3> x = model.embed(tokens, 0, static_cast<std::size_t>(n));
+    auto prefilled = model.attention.make_cache(1, CachePolicy::keep_all(n));  // fixed capacity: no growth in the timed step
+    model.attention.step(model.embed(tokens, 0, static_cast<std::size_t>(n - 1)), prefilled);
+    const Tensor<float, 3> last = model.embed(tokens, static_cast<std::size_t>(n - 1), static_cast<std::size_t>(n));
+    std::vector<double> step_us, recompute_us;
+    Tensor<float, 3> stepped, full;
+    for (int r = 0; r < 7; ++r) {
+      auto cache = prefilled;  // a copy, outside the timing
+      const auto start = std::chrono::steady_clock::now();
+      stepped = model.attention.step(last, cache);
+      step_us.push_back(microseconds_since(start));
+    }
+    for (int r = 0; r < 3; ++r) {
+      const auto start = std::chrono::steady_clock::now();
+      full = causal_forward(model, x);
+      recompute_us.push_back(microseconds_since(start));
+    }
+    const double difference = max_difference(stepped, 0, full, n - 1, 1);
+    ok = ok && difference <= tolerance;
+    const double step = median(step_us), recompute = median(recompute_us);
+    std::printf("%8td | %14.1f | %16.1f | %8.0fx | %.2e\n", n, step, recompute, recompute / step, difference);
+  }
+  std::printf("(step: median of 7, recompute: median of 3; the step reads N cached keys, the recompute does\n"
+              " N^2/2 query-key pairs and projects all N tokens again)\n");
+  return ok;
+}
+
+// ---- 4. eviction --------------------------------------------------------------------------------------------
+
+/// The last token under a windowed policy against one causal forward over the tokens the policy kept (the
+/// first `sink_tokens`, then the last `window`), which numbers them from position 0.
+bool check_eviction(const Model& model, const Generation& g) {
+  const std::size_t total = g.tokens.size(), sink_count = static_cast<std::size_t>(g.policy.sink_tokens);
+  const std::size_t kept_window = static_cast<std::size_t>(g.policy.window);
+  std::vector<int> kept(g.tokens.begin(), g.tokens.begin() + static_cast<std::ptrdiff_t>(sink_count));
+  kept.insert(kept.end(), g.tokens.end() - static_cast<std::ptrdiff_t>(kept_window), g.tokens.end());
+  const Tensor<float, 3> expected = causal_forward(model, model.embed(kept, 0, kept.size()));
+  const double difference = max_difference(g.last_output, 0, expected, static_cast<Index>(kept.size()) - 1, 1);
+  std::printf("%-24s token %zu vs one forward over the %zu kept tokens at positions 0..%zu: max |difference| = %.2e %s\n",
+              g.name.c_str(), total - 1, kept.size(), kept.size() - 1, difference,
+              difference <= tolerance ? "(ok)" : "(FAILED)");
+  return difference <= tolerance;
+}
+
+/// The first step at which b's generated token differs from a's, or -1.
+Index first_divergence(const Generation& a, const Generation& b) {
+  for (std::size_t t = 0; t < a.tokens.size() && t < b.tokens.size(); ++t)
+    if (a.tokens[t] != b.tokens[t]) return static_cast<Index>(t);
+  return -1;
+}
+
+}  // namespace
+
+int main() {
+  const Model model;
+  std::printf("model: E = %td, H = %td query heads, Hkv = %td key/value heads (head dim %td, RoPE on all of it), "
+              "vocabulary %td, random weights, greedy decoding\n\n",
+              embed_dim, heads, kv_heads, embed_dim / heads, vocab);
+
+  std::printf("== 1. the cache gives the same outputs as one causal forward\n");
+  bool ok = check_against_forward(model);
+
+  std::printf("\n== 2. per-token latency as the sequence grows (median of %td tokens at each length)\n", timed_tokens);
+  const Index steps = longest + timed_tokens - 1;
+  const std::vector<Generation> runs =
+      generate_all(model,
+                   {{"keep_all", CachePolicy::keep_all()},
+                    {"sliding_window(" + std::to_string(window) + ")", CachePolicy::sliding_window(window)},
+                    {"attention_sinks(" + std::to_string(sinks) + ", " + std::to_string(window - sinks) + ")",
+                     CachePolicy::attention_sinks(sinks, window - sinks)}},
+                   steps);
+  print_latency_table(runs);
+  for (const Generation& g : runs)
+    std::printf("%-24s after %zu tokens: cache.length() = %td, memory_bytes() = %zu\n", g.name.c_str(), g.tokens.size(),
+                g.cache.length(), g.cache.memory_bytes());
+  for (std::size_t r = 1; r < runs.size(); ++r) {
+    const Index t = first_divergence(runs[0], runs[r]);
+    if (t < 0)
+      std::printf("%s generated the same tokens as keep_all\n", runs[r].name.c_str());
+    else
+      std::printf("%s: the same first %td tokens as keep_all (the first eviction comes with token %td), then its own\n",
+                  runs[r].name.c_str(), t, window + 1);
+  }
+
+  std::printf("\n== 3. one token with the cache vs recomputing the whole sequence\n");
+  ok = compare_with_recompute(model, runs[0].tokens) && ok;
+
+  std::printf("\n== 4. eviction keeps the tokens its policy names, at positions within the cache\n");
+  ok = check_eviction(model, runs[1]) && ok;
+  ok = check_eviction(model, runs[2]) && ok;
+
+  std::printf("\n%s\n", ok ? "all checks passed" : "A CHECK FAILED");
+  return ok ? 0 : 1;
+}
