@@ -172,12 +172,21 @@ void fused_forward_block(const AttentionParams<T>& p, const ForwardOutputs<T>& r
     // 2. S^T (width, lanes) = scale K_tile Q^T. The scale multiplies the finished dot product, exactly as in
     // the backward: both compute bitwise the same s_ij, so the backward's exp(s_ij - lse_i) sees the rounding
     // errors the forward's lse_i saw, and they cancel (as they do in the reference kernel).
-    micro::gemm<T, nv>(false, width, head_dim, k + j0 * k_stride, k_stride, 1, qt, lanes, [&](Index m0, auto& acc) {
+    // The tile max per lane is taken here too, from the registers (exact for a full tile; a partial tile's
+    // masks lower some scores, so its max is taken again after them).
+    P tmax[nv];
+    micro::unroll<nv>([&](auto c) { tmax[c] = pset1<P>(minus_infinity); });
+    micro::gemm<T, nv>(false, width, head_dim, k + j0 * k_stride, k_stride, 1, qt, lanes, [&](Index m0, auto& acc) SELFATTN_INLINE_LAMBDA {
       constexpr int R = static_cast<int>(std::extent_v<std::remove_reference_t<decltype(acc)>>);
       micro::unroll<R>([&](auto r) {
-        micro::unroll<nv>([&](auto c) { pstoreu(s + (m0 + r) * lanes + c * ps, pmul(acc[r][c], scale)); });
+        micro::unroll<nv>([&](auto c) {
+          const P score = pmul(acc[r][c], scale);
+          tmax[c] = pmax(tmax[c], score);
+          pstoreu(s + (m0 + r) * lanes + c * ps, score);
+        });
       });
     });
+    const bool masked = !full || element_masks;
     if (!full) {  // the structural masks of a partial tile: keep lo_i <= jj < hi_i, per lane
       for (Index i = 0; i < lanes; ++i) {
         const KeyRange range = i < rows ? ranges[static_cast<std::size_t>(i)] : KeyRange{};
@@ -208,10 +217,13 @@ void fused_forward_block(const AttentionParams<T>& p, const ForwardOutputs<T>& r
 
     // 3. Online softmax, one query per lane.
     for (Index c = 0; c < lanes; c += ps) {
-      P tmax = pset1<P>(minus_infinity);
-      for (Index jj = 0; jj < width; ++jj) tmax = pmax(tmax, ploadu<P>(s + jj * lanes + c));
+      P tile_max = tmax[c / ps];
+      if (masked) {
+        tile_max = pset1<P>(minus_infinity);
+        for (Index jj = 0; jj < width; ++jj) tile_max = pmax(tile_max, ploadu<P>(s + jj * lanes + c));
+      }
       const P m_old = ploadu<P>(m + c);
-      const P m_new = pmax(m_old, tmax);
+      const P m_new = pmax(m_old, tile_max);
       // alpha = exp(m_old - m_new), selected to 0 while the lane has seen no key (m_old = -inf).
       const P a = micro::exp_or_zero<T>(m_old, m_new);
       pstoreu(alpha + c, a);
@@ -230,9 +242,8 @@ void fused_forward_block(const AttentionParams<T>& p, const ForwardOutputs<T>& r
           if (!p.dropout.keep(b, h, i0 + i, j0 + jj)) s[jj * lanes + i] = T(0);
 
     // 4. O^T = alpha O^T + V_tile^T P^T: rows dv, depth the tile's keys, A(dv, j) = v_j[dv].
-    bool values_finite = true;
-    for (Index jj = 0; jj < width && values_finite; ++jj) values_finite = micro::all_finite(v + (j0 + jj) * v_stride, value_dim);
-    micro::gemm<T, nv>(!values_finite, value_dim, width, v + j0 * v_stride, 1, v_stride, s, lanes, [&](Index m0, auto& acc) {
+    const bool values_finite = micro::all_finite(v + j0 * v_stride, width, value_dim, v_stride);
+    micro::gemm<T, nv>(!values_finite, value_dim, width, v + j0 * v_stride, 1, v_stride, s, lanes, [&](Index m0, auto& acc) SELFATTN_INLINE_LAMBDA {
       constexpr int R = static_cast<int>(std::extent_v<std::remove_reference_t<decltype(acc)>>);
       micro::unroll<R>([&](auto r) {
         T* row = ot + (m0 + r) * lanes;
@@ -344,12 +355,11 @@ void fused_backward_tile(const AttentionParams<T>& p, const BackwardTensors<T>& 
   std::fill(w.kt.begin(), w.kt.end(), T(0));
   std::fill(w.vt.begin(), w.vt.end(), T(0));
   std::fill(w.kn.begin(), w.kn.end(), T(0));
-  bool keys_finite = true;
   for (Index jj = 0; jj < width; ++jj) {
     for (Index d = 0; d < head_dim; ++d) kt[d * lanes + jj] = kn[jj * padded_dim + d] = k[jj * k_stride + d];
     for (Index d = 0; d < value_dim; ++d) vt[d * lanes + jj] = v[jj * v_stride + d];
-    keys_finite = keys_finite && micro::all_finite(k + jj * k_stride, head_dim);
   }
+  const bool keys_finite = micro::all_finite(k, width, head_dim, k_stride);
   std::fill(w.dkt.begin(), w.dkt.end(), T(0));
   std::fill(w.dvt.begin(), w.dvt.end(), T(0));
   T* s = w.s.data();
@@ -386,7 +396,7 @@ void fused_backward_tile(const AttentionParams<T>& p, const BackwardTensors<T>& 
       const Index q_stride = p.q.stride(2), dout_stride = g.dout.stride(2);
 
       // 1. S = Q K_tile^T, then P.
-      micro::gemm<T, nv>(false, rows, head_dim, q, q_stride, 1, kt, lanes, [&](Index m0, auto& acc) {
+      micro::gemm<T, nv>(false, rows, head_dim, q, q_stride, 1, kt, lanes, [&](Index m0, auto& acc) SELFATTN_INLINE_LAMBDA {
         constexpr int R = static_cast<int>(std::extent_v<std::remove_reference_t<decltype(acc)>>);
         micro::unroll<R>([&](auto r) {
           micro::unroll<nv>([&](auto c) { pstoreu(s + (m0 + r) * lanes + c * ps, acc[r][c]); });
@@ -457,11 +467,8 @@ void fused_backward_tile(const AttentionParams<T>& p, const BackwardTensors<T>& 
       }
 
       // 4. dV^T += dO^T W (A(dv, i) = dO_i[dv]), dK^T += Q^T dS (A(d, i) = q_i[d]), over this block's rows.
-      bool dout_finite = true, q_finite = true;
-      for (Index r = 0; r < rows; ++r) {
-        dout_finite = dout_finite && micro::all_finite(dout + r * dout_stride, value_dim);
-        q_finite = q_finite && micro::all_finite(q + r * q_stride, head_dim);
-      }
+      const bool dout_finite = micro::all_finite(dout, rows, value_dim, dout_stride);
+      const bool q_finite = micro::all_finite(q, rows, head_dim, q_stride);
       micro::gemm_accumulate<T, nv>(!dout_finite, value_dim, rows, dout, 1, dout_stride, s, lanes, w.dvt.data(), lanes);
       micro::gemm_accumulate<T, nv>(!q_finite, head_dim, rows, q, 1, q_stride, ds, lanes, w.dkt.data(), lanes);
 
