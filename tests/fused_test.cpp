@@ -655,7 +655,8 @@ TEST(FusedTest, ForwardAllocatesNoScoreMatrix) {
     const long long scratch = peak_bytes.load() - outputs;
     RecordProperty("threads", threads);
     RecordProperty("peak_scratch_bytes", static_cast<int>(scratch));
-    EXPECT_LE(scratch, static_cast<long long>(threads) * static_cast<long long>(detail::fused_forward_workspace_bytes<float>(D, D)) + 4096)
+    const auto workspace_bytes = static_cast<long long>(detail::fused_forward_workspace_bytes<float>(D, D));
+    EXPECT_LE(scratch, threads * workspace_bytes + 4096)
         << "peak " << peak_bytes.load() << " bytes, outputs " << outputs;
     EXPECT_LT(peak_bytes.load(), score_matrix / 16);
     EXPECT_EQ(live_bytes.load(), 0) << "everything allocated during the call is returned or freed with the result";

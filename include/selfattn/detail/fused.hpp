@@ -13,10 +13,13 @@
 // and K are packed, once per tile. Every product is micro::gemm_panel (microkernels.hpp).
 //
 // Tile sizes (fp32, AVX-512: packets of 16; measured on the 2-core Xeon, docs/performance.md):
-//   forward   lanes = 4 packets = 64 queries per block; 64 keys per tile. Q^T (D x 64), the score tile
-//             (64 x 64) and O^T (Dv x 64) are 16 KB each at D = 64: all three stay in the 48 KB L1.
-//   backward  lanes = 64 keys per tile; 64 query rows per block: K^T, V^T, K (packed), dK^T, dV^T (16 KB each)
-//             in L1/L2, P and dS blocks (16 KB each) in L1.
+//   lanes     4 packets (64 floats), fixed by the micro-kernel's register budget (MR x 4 accumulators).
+//   forward   64 keys per tile. Measured 32, 64 and 128 (N = 4096 and 2048, D = 64 and 128): all within the
+//             machine's noise (107 to 127 GFLOP/s); 64 keeps Q^T (D x 64), the score tile (64 x 64) and O^T
+//             (Dv x 64) at 16 KB each for D = 64, together the 48 KB L1 (128 doubles the score tile, 32 the
+//             rescales of O^T).
+//   backward  64 query rows per block, measured against 32 and 128 with the same outcome; P and dS blocks stay
+//             16 KB each in L1 beside the tile's packed K^T, V^T, K and dK^T, dV^T accumulators (L1/L2).
 // Masks. Structural masks (causal, window, key lengths) give each query row one key range (key_range); its
 // ends rise with the row, so a block of rows x a tile of keys is empty (never visited), fully inside every
 // row's range (no mask work at all unless `allowed`, a bias or ALiBi asks for per-element work), or partial
@@ -61,6 +64,10 @@ struct FusedTiles {
   /// difference cancels when a few keys dominate a row, and chunked sums round about half as much (float
   /// errors then match the reference kernel's, whose Eigen dot products use 8 to 32 partial sums).
   static constexpr Index dot_chunk = 16;
+  /// Calls with fewer nominal multiply-adds than this run on one thread: opening a parallel region costs about
+  /// 1.5 us on an idle core and a scheduler time slice (0.2 to 1.4 ms measured) when the other core is busy,
+  /// while 2^20 multiply-adds take about 20 us.
+  static constexpr double parallel_min_work = 1 << 20;
 };
 
 /// The number of threads the fused kernel may use: OpenMP's count, or 1 without OpenMP.
@@ -95,16 +102,16 @@ struct ForwardWorkspace {
   micro::Buffer<T> qt;     // (D, lanes): the block's queries, transposed
   micro::Buffer<T> s;      // (forward_keys, lanes): scores, then probabilities, of one tile
   micro::Buffer<T> ot;     // (Dv, lanes): unnormalised output, transposed
-  micro::Buffer<T> state;  // 6 x lanes: running max m, running sum l, rescale alpha, tile max, range lo, hi
+  micro::Buffer<T> state;  // 5 x lanes: running max m, running sum l, rescale alpha, key range lo, hi
 
   ForwardWorkspace(Index head_dim, Index value_dim)
       : qt(static_cast<std::size_t>(head_dim * lanes)),
         s(static_cast<std::size_t>(FusedTiles<T>::forward_keys * lanes)),
         ot(static_cast<std::size_t>(value_dim * lanes)),
-        state(static_cast<std::size_t>(6 * lanes)) {}
+        state(static_cast<std::size_t>(5 * lanes)) {}
 
   static std::size_t bytes(Index head_dim, Index value_dim) {
-    return sizeof(T) * static_cast<std::size_t>((head_dim + FusedTiles<T>::forward_keys + value_dim + 6) * lanes);
+    return sizeof(T) * static_cast<std::size_t>((head_dim + FusedTiles<T>::forward_keys + value_dim + 5) * lanes);
   }
 };
 
@@ -147,8 +154,7 @@ void fused_forward_block(const AttentionParams<T>& p, const ForwardOutputs<T>& r
   T* m = w.state.data();
   T* l = m + lanes;
   T* alpha = l + lanes;
-  T* tile_max = alpha + lanes;
-  T* lo = tile_max + lanes;
+  T* lo = alpha + lanes;
   T* hi = lo + lanes;
   std::fill(m, m + lanes, minus_infinity);
   std::fill(l, l + lanes, T(0));
@@ -176,7 +182,7 @@ void fused_forward_block(const AttentionParams<T>& p, const ForwardOutputs<T>& r
     // masks lower some scores, so its max is taken again after them).
     P tmax[nv];
     micro::unroll<nv>([&](auto c) { tmax[c] = pset1<P>(minus_infinity); });
-    micro::gemm<T, nv>(false, width, head_dim, k + j0 * k_stride, k_stride, 1, qt, lanes, [&](Index m0, auto& acc) SELFATTN_INLINE_LAMBDA {
+    const auto store_scores = [&](Index m0, auto& acc) SELFATTN_INLINE_LAMBDA {
       constexpr int R = static_cast<int>(std::extent_v<std::remove_reference_t<decltype(acc)>>);
       micro::unroll<R>([&](auto r) {
         micro::unroll<nv>([&](auto c) {
@@ -185,14 +191,14 @@ void fused_forward_block(const AttentionParams<T>& p, const ForwardOutputs<T>& r
           pstoreu(s + (m0 + r) * lanes + c * ps, score);
         });
       });
-    });
+    };
+    micro::gemm<T, nv>(false, width, head_dim, k + j0 * k_stride, k_stride, 1, qt, lanes, store_scores);
     const bool masked = !full || element_masks;
     if (!full) {  // the structural masks of a partial tile: keep lo_i <= jj < hi_i, per lane
       for (Index i = 0; i < lanes; ++i) {
-        const KeyRange range = i < rows ? ranges[static_cast<std::size_t>(i)] : KeyRange{};
+        const KeyRange range = i < rows ? ranges[static_cast<std::size_t>(i)] : KeyRange{};  // padding: empty
         lo[i] = static_cast<T>(std::clamp<Index>(range.begin - j0, 0, width));
         hi[i] = static_cast<T>(std::clamp<Index>(range.end - j0, 0, width));
-        if (i >= rows) lo[i] = hi[i] = T(0);
       }
       const P minus_inf = pset1<P>(minus_infinity);
       for (Index jj = 0; jj < width; ++jj) {
@@ -243,7 +249,7 @@ void fused_forward_block(const AttentionParams<T>& p, const ForwardOutputs<T>& r
 
     // 4. O^T = alpha O^T + V_tile^T P^T: rows dv, depth the tile's keys, A(dv, j) = v_j[dv].
     const bool values_finite = micro::all_finite(v + j0 * v_stride, width, value_dim, v_stride);
-    micro::gemm<T, nv>(!values_finite, value_dim, width, v + j0 * v_stride, 1, v_stride, s, lanes, [&](Index m0, auto& acc) SELFATTN_INLINE_LAMBDA {
+    const auto rescale_and_add = [&](Index m0, auto& acc) SELFATTN_INLINE_LAMBDA {
       constexpr int R = static_cast<int>(std::extent_v<std::remove_reference_t<decltype(acc)>>);
       micro::unroll<R>([&](auto r) {
         T* row = ot + (m0 + r) * lanes;
@@ -251,7 +257,8 @@ void fused_forward_block(const AttentionParams<T>& p, const ForwardOutputs<T>& r
           pstoreu(row + c * ps, pmadd(ploadu<P>(row + c * ps), ploadu<P>(alpha + c * ps), acc[r][c]));
         });
       });
-    });
+    };
+    micro::gemm<T, nv>(!values_finite, value_dim, width, v + j0 * v_stride, 1, v_stride, s, lanes, rescale_and_add);
   }
 
   // 5. Normalise and write out, lse.
@@ -278,7 +285,10 @@ void fused_forward(const AttentionParams<T>& p, const ForwardOutputs<T>& result)
   const Index blocks = ceil_div(p.q_len(), lanes);
   const Index tasks = p.batch() * p.heads() * blocks;
   if (tasks == 0) return;
-  const int threads = static_cast<int>(std::min<Index>(fused_max_threads(), tasks));
+  const double work = static_cast<double>(tasks * lanes) * static_cast<double>(p.k_len()) *
+                      static_cast<double>(p.q.dim(3) + p.value_dim());
+  const int threads =
+      work < FusedTiles<T>::parallel_min_work ? 1 : static_cast<int>(std::min<Index>(fused_max_threads(), tasks));
   std::vector<ForwardWorkspace<T>> workspaces;  // allocated before any thread starts: a bad_alloc throws here
   workspaces.reserve(static_cast<std::size_t>(threads));
   for (int t = 0; t < threads; ++t) workspaces.emplace_back(p.q.dim(3), p.value_dim());
@@ -396,12 +406,13 @@ void fused_backward_tile(const AttentionParams<T>& p, const BackwardTensors<T>& 
       const Index q_stride = p.q.stride(2), dout_stride = g.dout.stride(2);
 
       // 1. S = Q K_tile^T, then P.
-      micro::gemm<T, nv>(false, rows, head_dim, q, q_stride, 1, kt, lanes, [&](Index m0, auto& acc) SELFATTN_INLINE_LAMBDA {
+      const auto store_dots = [&](Index m0, auto& acc) SELFATTN_INLINE_LAMBDA {
         constexpr int R = static_cast<int>(std::extent_v<std::remove_reference_t<decltype(acc)>>);
         micro::unroll<R>([&](auto r) {
           micro::unroll<nv>([&](auto c) { pstoreu(s + (m0 + r) * lanes + c * ps, acc[r][c]); });
         });
-      });
+      };
+      micro::gemm<T, nv>(false, rows, head_dim, q, q_stride, 1, kt, lanes, store_dots);
       const P scale = pset1<P>(p.scale);
       for (Index r = 0; r < rows; ++r) {
         const Index i = i0 + r;
@@ -513,7 +524,11 @@ void fused_backward(const AttentionParams<T>& p, const BackwardTensors<T>& g) {
 
   const Index tiles = ceil_div(k_len, lanes);
   const Index tasks = batch * kv_heads * tiles;
-  const int threads = static_cast<int>(std::max<Index>(1, std::min<Index>(fused_max_threads(), tasks)));
+  const double work = static_cast<double>(batch * heads * q_len) * static_cast<double>(k_len) *
+                      static_cast<double>(2 * head_dim + 3 * value_dim);
+  const int threads = work < FusedTiles<T>::parallel_min_work
+                          ? 1
+                          : static_cast<int>(std::max<Index>(1, std::min<Index>(fused_max_threads(), tasks)));
   std::array<Index, 4> dbias_strides{};
   for (int d = 0; d < 4; ++d) dbias_strides[static_cast<std::size_t>(d)] = g.dbias.dim(d) == 1 ? 0 : g.dbias.stride(d);
   // A bias broadcast across what tasks split (batches, kv head groups, key tiles) makes tasks share dbias

@@ -190,8 +190,9 @@ void gemm_store_chunked(Index rows, Index depth, Index chunk, const T* a, Index 
       unroll<R>([&](auto r) {
         T* row = c + (m0 + r) * ldc;
         unroll<NV>([&](auto v) {
-          Eigen::internal::pstoreu(row + v * ps, first ? acc[r][v]
-                                                       : Eigen::internal::padd(Eigen::internal::ploadu<Packet<T>>(row + v * ps), acc[r][v]));
+          const Packet<T> sum =
+              first ? acc[r][v] : Eigen::internal::padd(Eigen::internal::ploadu<Packet<T>>(row + v * ps), acc[r][v]);
+          Eigen::internal::pstoreu(row + v * ps, sum);
         });
       });
     });
@@ -242,7 +243,8 @@ bool all_finite(const T* x, Index rows, Index n, Index stride) {
   for (Index r = 0; r < rows; ++r) {
     const T* row = x + r * stride;
     Index i = 0;
-    for (; i + ps <= n; i += ps) acc = Eigen::internal::padd(acc, Eigen::internal::pmul(Eigen::internal::ploadu<P>(row + i), zero));
+    for (; i + ps <= n; i += ps)
+      acc = Eigen::internal::padd(acc, Eigen::internal::pmul(Eigen::internal::ploadu<P>(row + i), zero));
     for (; i < n; ++i) rest += row[i] * T(0);
   }
   // The lanes summed through memory, once: no horizontal-reduction intrinsics (GCC 12 warns inside its
