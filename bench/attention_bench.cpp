@@ -52,6 +52,7 @@ void BM_sdpa_reference(benchmark::State& state) {
   fill(v, 0.3);
   AttentionOptions<float> opts;
   opts.causal = state.range(1) != 0 ? Causal::top_left : Causal::none;
+  opts.kernel = Kernel::reference;  // this benchmark measures the reference kernel (the default would run the fused one)
   for (auto _ : state) {
     AttentionForward<float> fwd = sdpa_forward(q, k, v, opts);
     float* out = fwd.out.data();
