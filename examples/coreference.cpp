@@ -9,8 +9,9 @@
 // cannot answer without looking at the animal.
 //
 // Usage: coreference [--seed N]     (default seed 1; the same seed prints the same output)
-// Writes coreference_attention.svg in the current directory. Exits 1 if the held-out accuracy is below
-// 0.95 or no head's "it" row puts its largest weight on the animal. Walk-through: docs/training.md.
+// Writes coreference_attention.svg and coreference_attention.csv in the current directory. Exits 1 if the
+// held-out accuracy is below 0.95 or no head's "it" row puts its largest weight on the animal.
+// Walk-through: docs/training.md.
 #include <selfattn/selfattn.hpp>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include <cstring>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -310,7 +312,7 @@ double clip_global_norm(const std::vector<Slot>& params, double max_norm) {
   return norm;
 }
 
-// ---- 4. Reports: predictions, attention beside saliency, the SVG ------------------------------------
+// ---- 4. Reports: predictions, attention beside saliency, the SVG and CSV ----------------------------
 
 std::size_t predicted(const Pass& p, std::size_t b) {
   const T* z = &p.probabilities(0, b, 0);
@@ -361,62 +363,33 @@ void print_attention_vs_saliency(const Pass& p, const Tensor<T, 3>& dx) {
   }
 }
 
-std::string colour(double w) {  // white (0) to dark blue (1)
-  char text[8];
-  const auto mix = [w](int from, int to) { return static_cast<int>(from + (to - from) * std::clamp(w, 0.0, 1.0)); };
-  std::snprintf(text, sizeof text, "#%02x%02x%02x", mix(255, 8), mix(255, 48), mix(255, 107));
-  return text;
-}
-
-// Two panels: the "it" row of every head (rows = heads, columns = key tokens), then the full (L, L)
-// attention of the head that resolves "it" (rows = queries, columns = keys); a colour scale from 0 to 1.
-bool write_svg(const char* path, const Pass& p, int head) {
+// Two panels (selfattn/heatmap.hpp), one colour scale: the "it" row of every head (rows = heads, columns =
+// key tokens), then the full (L, L) attention of the head that resolves "it" (rows = queries, columns = keys),
+// its "it" row outlined; the antecedent's label in bold. The CSV holds that head's (L, L) weights.
+void write_pictures(const std::string& svg, const std::string& csv, const Pass& p, int head) {
   const Sentence& s = *p.batch[0];
-  const std::size_t n = s.tokens.size(), cell = 40, left = 90, top1 = 80;
-  const std::size_t top2 = top1 + kHeads * cell + 90, bar_x = left + n * cell + 30, bar_h = 200;
-  std::FILE* f = std::fopen(path, "w");
-  if (!f) return false;
-  std::fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%zu\" height=\"%zu\" font-family=\"sans-serif\">\n"
-               "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", bar_x + 80, top2 + n * cell + 30);
-  const auto text = [f](std::size_t x, std::size_t y, int size, const std::string& style, const std::string& t) {
-    std::fprintf(f, "<text x=\"%zu\" y=\"%zu\" font-size=\"%d\" %s>%s</text>\n", x, y, size, style.c_str(), t.c_str());
-  };
-  const auto rect = [f](std::size_t x, std::size_t y, std::size_t w, std::size_t h, const std::string& style) {
-    std::fprintf(f, "<rect x=\"%zu\" y=\"%zu\" width=\"%zu\" height=\"%zu\" %s/>\n", x, y, w, h, style.c_str());
-  };
-  const std::string middle = "text-anchor=\"middle\"", end = "text-anchor=\"end\"", bold = " font-weight=\"bold\"";
-  const auto cell_at = [&](std::size_t x, std::size_t y, double w) {  // a coloured cell with its value
-    rect(x, y, cell, cell, "fill=\"" + colour(w) + "\" stroke=\"#ddd\"");
-    char value[8];
-    std::snprintf(value, sizeof value, "%.2f", w);
-    text(x + cell / 2, y + cell / 2 + 4, 11, middle + (w > 0.5 ? " fill=\"white\"" : ""), value);
-  };
-  const auto key_labels = [&](std::size_t y) {  // the antecedent in bold
-    for (std::size_t j = 0; j < n; ++j)
-      text(left + j * cell + cell / 2, y, 12, middle + (j == s.animal ? bold : ""), s.words[j]);
-  };
-  text(10, 24, 16, bold, "What \"it\" attends to in a held-out sentence (target: " + kAnimals[s.label] + ")");
-  text(10, top1 - 30, 13, "", "the \"it\" row of every head (columns: keys)");
-  key_labels(top1 - 8);
-  for (std::size_t h = 0; h < kHeads; ++h) {
-    text(left - 10, top1 + h * cell + cell / 2 + 4, 12, end, "head " + std::to_string(h));
-    for (std::size_t j = 0; j < n; ++j) cell_at(left + j * cell, top1 + h * cell, p.attention.weights(0, h, s.it, j));
+  const Index n = static_cast<Index>(s.tokens.size()), it = static_cast<Index>(s.it);
+  const Index animal = static_cast<Index>(s.animal);
+  Tensor<T, 2> it_rows({kHeads, n});  // it_rows(h, j) = weights(0, h, it, j)
+  std::vector<std::string> heads;
+  for (Index h = 0; h < kHeads; ++h) {
+    heads.push_back("head " + std::to_string(h));
+    for (Index j = 0; j < n; ++j) it_rows(h, j) = p.attention.weights(0, h, it, j);
   }
-  text(10, top2 - 30, 13, "", "head " + std::to_string(head) + ": every query (rows) over every key (columns)");
-  key_labels(top2 - 8);
-  for (std::size_t i = 0; i < n; ++i) {
-    text(left - 10, top2 + i * cell + cell / 2 + 4, 12, end + (i == s.it ? bold : ""), s.words[i]);
-    for (std::size_t j = 0; j < n; ++j) cell_at(left + j * cell, top2 + i * cell, p.attention.weights(0, head, i, j));
-  }
-  rect(left, top2 + s.it * cell, n * cell, cell, "fill=\"none\" stroke=\"#d62728\" stroke-width=\"2\"");  // "it"
-  text(bar_x - 6, top1 - 12, 11, "", "weight");  // the colour scale, 1 at the top
-  for (std::size_t k = 0; k < 20; ++k)
-    rect(bar_x, top1 + k * bar_h / 20, 20, bar_h / 20 + 1, "fill=\"" + colour(1.0 - (k + 0.5) / 20) + "\"");
-  rect(bar_x, top1, 20, bar_h, "fill=\"none\" stroke=\"#888\"");
-  for (std::size_t k = 0; k <= 2; ++k)
-    text(bar_x + 24, top1 + 4 + k * bar_h / 2, 11, "", k == 0 ? "1.0" : k == 1 ? "0.5" : "0.0");
-  std::fprintf(f, "</svg>\n");
-  return std::fclose(f) == 0;
+  HeatmapPanel rows = make_heatmap_panel(it_rows, heads, s.words, "the \"it\" row of every head (columns: keys)");
+  rows.row_axis = "";  // the title names both axes
+  rows.column_axis = "";
+  rows.bold_column_labels = {animal};
+  const std::string subtitle = "head " + std::to_string(head) + ": every query (rows) over every key (columns)";
+  HeatmapPanel full = make_heatmap_panel(p.attention.weights[0][head], s.words, s.words, subtitle);
+  full.bold_column_labels = {animal};
+  full.bold_row_labels = {it};
+  full.outlined_rows = {it};
+  HeatmapOptions options;
+  options.title = "What \"it\" attends to in a held-out sentence (target: " + kAnimals[s.label] + ")";
+  options.grid_columns = 1;  // one panel above the other
+  write_heatmap_panels_svg(svg, {rows, full}, options);
+  write_attention_csv(csv, p.attention.weights, 0, head, s.words, s.words);
 }
 
 }  // namespace
@@ -522,9 +495,14 @@ int main(int argc, char** argv) {
               joined(example->words).c_str(), prediction(one, 0).c_str(), joined(swapped.words).c_str(),
               prediction(cf, 0).c_str());
 
-  const char* svg = "coreference_attention.svg";
-  if (write_svg(svg, one, head >= 0 ? head : 0)) std::printf("\nattention heatmap written to %s\n", svg);
-  else std::printf("\ncould not write %s\n", svg);
+  const std::string svg = "coreference_attention.svg", csv = "coreference_attention.csv";
+  try {
+    write_pictures(svg, csv, one, head >= 0 ? head : 0);
+    std::printf("\nattention heatmap written to %s\n", svg.c_str());
+    std::printf("attention weights of head %d written to %s\n", head >= 0 ? head : 0, csv.c_str());
+  } catch (const std::runtime_error& e) {
+    std::printf("\ncould not write the pictures: %s\n", e.what());
+  }
 
   if (accuracy < 0.95 || head < 0) {
     std::printf("FAILED: %s\n", accuracy < 0.95 ? "held-out accuracy below 0.95"

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -91,69 +92,6 @@ void print_heatmap(const Tensor<float, 4>& w, Index head) {
   std::printf("  (key initials; ' ' = 0, '@' = 1)\n");
 }
 
-// Text for XML: escapes the five special characters.
-std::string xml_escape(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&apos;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
-
-// One SVG <text> element; `extra` holds further attributes.
-void svg_text(std::FILE* f, int x, int y, int size, const char* extra, const std::string& text) {
-  std::fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"%d\" %s>%s</text>\n", x, y, size, extra,
-               xml_escape(text).c_str());
-}
-
-// A self-contained SVG heatmap: a grid of cells shaded white -> blue by weight with the value inside,
-// masked cells (weight exactly 0) grey, token labels on both axes, a title. False if it cannot write.
-bool write_svg(const char* path, const std::string& title, const Tensor<float, 4>& w, Index head) {
-  std::FILE* f = std::fopen(path, "w");
-  if (!f) return false;
-  const int cell = 48, left = 80, top = 86, n = static_cast<int>(w.dim(3)), m = static_cast<int>(w.dim(2));
-  const int width = std::max(left + n * cell + 20, 20 + 9 * static_cast<int>(title.size()));
-  const int height = top + m * cell + 40, middle_x = left + n * cell / 2, middle_y = top + m * cell / 2;
-  std::fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
-  std::fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\">\n",
-               width, height);
-  std::fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
-  svg_text(f, 10, 24, 16, "font-weight=\"bold\"", title);
-  svg_text(f, middle_x, 50, 12, "text-anchor=\"middle\"", "key");
-  const std::string rotate = "text-anchor=\"middle\" transform=\"rotate(-90 14 " + std::to_string(middle_y) + ")\"";
-  svg_text(f, 14, middle_y, 12, rotate.c_str(), "query");
-  for (int j = 0; j < n; ++j)  // key labels above the columns
-    svg_text(f, left + j * cell + cell / 2, top - 8, 13, "text-anchor=\"middle\"", kWords[static_cast<std::size_t>(j)]);
-  for (int i = 0; i < m; ++i) {  // query label left of each row, then the row's cells
-    const std::string& word = kWords[static_cast<std::size_t>(i)];
-    svg_text(f, left - 8, top + i * cell + cell / 2 + 5, 13, "text-anchor=\"end\"", word);
-    for (int j = 0; j < n; ++j) {
-      const double p = static_cast<double>(w(0, head, i, j));
-      const auto mix = [p](int from, int to) { return static_cast<int>(std::lround(from + p * (to - from))); };
-      const int x0 = left + j * cell, y0 = top + i * cell;
-      char fill[32] = "#e6e6e6";  // grey when masked
-      if (p != 0.0) std::snprintf(fill, sizeof fill, "rgb(%d,%d,%d)", mix(255, 8), mix(255, 48), mix(255, 107));
-      std::fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"%s\" stroke=\"#ccc\"/>\n", x0, y0,
-                   cell, cell, fill);
-      if (p == 0.0) continue;
-      char value[16];
-      std::snprintf(value, sizeof value, "%.2f", p);
-      const char* style = p > 0.5 ? "text-anchor=\"middle\" fill=\"white\"" : "text-anchor=\"middle\"";
-      svg_text(f, x0 + cell / 2, y0 + cell / 2 + 4, 12, style, value);
-    }
-  }
-  svg_text(f, left, top + m * cell + 24, 11, "fill=\"#555\"", "grey: masked, weight exactly 0");
-  std::fprintf(f, "</svg>\n");
-  return std::fclose(f) == 0;
-}
-
 double max_abs_diff(const Tensor<float, 3>& a, const Tensor<float, 3>& b) {
   double d = 0;
   for (Index n = 0; n < a.size(); ++n) d = std::max(d, std::abs(static_cast<double>(a.data()[n] - b.data()[n])));
@@ -214,7 +152,12 @@ int main(int argc, char** argv) {
   std::printf("\n");
   print_heatmap(w, kShownHead);
   const std::string title = "\"the cat sat on the mat\": causal attention, head " + std::to_string(kShownHead);
-  if (!write_svg(svg_path, title, w, kShownHead)) {
+  HeatmapOptions picture;  // selfattn/heatmap.hpp: labels on both axes, a colour scale, masked cells hatched
+  picture.title = title;
+  picture.zero_is_masked = true;  // a causal forward gives its masked keys exactly 0
+  try {
+    write_attention_heatmap_svg(svg_path, w, 0, kShownHead, kWords, kWords, picture);
+  } catch (const std::runtime_error&) {
     std::printf("could not write %s\n", svg_path);
     return 1;
   }

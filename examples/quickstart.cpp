@@ -1,9 +1,13 @@
 // quickstart.cpp — the shortest useful selfattn program: causal self-attention with a
 // MultiHeadAttention module, then the bare scaled dot-product attention on (B, H, L, D) tensors.
+// Writes quickstart_attention.svg (every head's weights as a heatmap) and quickstart_attention.csv (head 0)
+// in the current directory.
 #include <selfattn/selfattn.hpp>
 
 #include <cmath>
 #include <cstdio>
+#include <string>
+#include <vector>
 
 using namespace selfattn;
 
@@ -28,6 +32,14 @@ int main() {
     for (Index j = 0; j < 6; ++j) std::printf(" %.3f", static_cast<double>(fwd.weights(0, 0, i, j)));
     std::printf("\n");
   }
+  // The same weights as pictures (selfattn/heatmap.hpp): all heads as an SVG grid, head 0 as CSV.
+  const std::vector<std::string> tokens{"t0", "t1", "t2", "t3", "t4", "t5"};
+  HeatmapOptions picture;
+  picture.title = "causal self-attention, every head";
+  picture.zero_is_masked = true;  // the causal mask's zeros are drawn hatched
+  write_attention_heads_svg("quickstart_attention.svg", fwd.weights, 0, tokens, tokens, picture);
+  write_attention_csv("quickstart_attention.csv", fwd.weights, 0, 0, tokens, tokens);
+  std::printf("wrote quickstart_attention.svg (all heads) and quickstart_attention.csv (head 0)\n");
 
   // The kernel underneath: q, k, v as (B, H, L, D) tensors.
   Tensor<float, 4> q({1, 4, 6, 4}), k({1, 4, 6, 4}), v({1, 4, 6, 4});

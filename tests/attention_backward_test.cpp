@@ -97,7 +97,7 @@ TEST(AttentionBackwardTest, GradientsMatchFiniteDifferences) {
 template <typename T>
 class AttentionBackwardTyped : public ::testing::Test {};
 using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(AttentionBackwardTyped, Scalars);
+TYPED_TEST_SUITE(AttentionBackwardTyped, Scalars, );
 
 // Fully masked rows, masked keys with NaN, and padding keys all get exactly zero gradient, never NaN.
 TYPED_TEST(AttentionBackwardTyped, MaskedPositionsGetZeroGradientNeverNan) {

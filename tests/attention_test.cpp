@@ -25,7 +25,7 @@ using test::Random;
 template <typename T>
 class AttentionTest : public ::testing::Test {};
 using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(AttentionTest, Scalars);
+TYPED_TEST_SUITE(AttentionTest, Scalars, );
 
 struct Shape {
   Index batch, heads, kv_heads, q_len, k_len, head_dim, value_dim;

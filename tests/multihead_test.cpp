@@ -43,7 +43,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, PyTorchConformance,
 template <typename T>
 class MultiHeadTest : public ::testing::Test {};
 using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(MultiHeadTest, Scalars);
+TYPED_TEST_SUITE(MultiHeadTest, Scalars, );
 
 // Rows of x (B, L, E) reordered: result row l is x row order[l], in every batch.
 template <typename T>

@@ -1,8 +1,10 @@
-// selfattn/dropout.hpp — the counter-based random stream behind attention dropout.
-//
-// Each probability P[b, h, i, j] is kept or dropped by a pure function of (seed, b, h, i, j): no state,
-// no generator to advance. So the backward regenerates the forward's mask without storing it, and
-// results do not depend on thread count, tiling or call order.
+/// \file
+/// The counter-based random stream behind attention dropout.
+/// No public names: everything here is internal (`selfattn::detail`), used by the kernels.
+///
+/// Each probability P[b, h, i, j] is kept or dropped by a pure function of (seed, b, h, i, j): no state,
+/// no generator to advance. So the backward regenerates the forward's mask without storing it, and
+/// results do not depend on thread count, tiling or call order.
 #pragma once
 
 #include <selfattn/tensor.hpp>

@@ -1,7 +1,8 @@
-// selfattn/heads.hpp — split_heads (a zero-copy view) and merge_heads (the concat).
-//
-// Shapes: x (B, L, H * D) <-> heads (B, H, L, D). Element (b, l, h * D + d) of x is element (b, h, l, d)
-// of the heads, so the split is just new strides over the same memory.
+/// \file
+/// `split_heads` (a zero-copy view) and `merge_heads` (the concat).
+///
+/// Shapes: x (B, L, H * D) <-> heads (B, H, L, D). Element (b, l, h * D + d) of x is element (b, h, l, d)
+/// of the heads, so the split is just new strides over the same memory.
 #pragma once
 
 #include <selfattn/errors.hpp>
@@ -14,6 +15,7 @@ namespace selfattn {
 
 /// \brief Views x (B, L, H * D) as heads (B, H, L, D) without copying; strides (s0, D, s1, 1).
 ///
+/// Shapes: x (B, L, H * D) -> (B, H, L, D), sharing x's memory (keep x alive while the view is used).
 /// Throws ShapeError if `heads` < 1 or does not divide the last extent of x.
 /// \code
 /// Tensor<float, 3> x({2, 10, 64});
@@ -28,10 +30,12 @@ TensorView<T, 4> split_heads(const TensorView<T, 3>& x, Index heads) {
   const Index head_dim = x.dim(2) / heads;
   return TensorView<T, 4>(x.data(), {x.dim(0), heads, x.dim(1), head_dim}, {x.stride(0), head_dim, x.stride(1), 1});
 }
+/// \overload
 template <typename T>
 TensorView<T, 4> split_heads(Tensor<T, 3>& x, Index heads) {
   return split_heads(x.view(), heads);
 }
+/// \overload
 template <typename T>
 TensorView<const T, 4> split_heads(const Tensor<T, 3>& x, Index heads) {
   return split_heads(x.view(), heads);
@@ -41,6 +45,8 @@ template <typename T>
 TensorView<const T, 4> split_heads(const Tensor<T, 3>&& x, Index heads) = delete;
 
 /// \brief Concatenates heads (B, H, L, D) into a new contiguous (B, L, H * D) tensor: the inverse of split_heads.
+///
+/// Shapes: heads (B, H, L, D), a Tensor or any strided TensorView -> (B, L, H * D).
 /// \code
 /// Tensor<float, 3> y = merge_heads(attention_out);   // (B, H, L, D) -> (B, L, H * D)
 /// \endcode

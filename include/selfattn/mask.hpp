@@ -1,9 +1,11 @@
-// selfattn/mask.hpp — the one place that decides "may query i see key j" and what is added to s_ij.
-//
-// Reference and fused kernels both ask this file, so a mask can never disagree between them.
-// Structural masks (causal, sliding window, key lengths) reduce to one contiguous key range per
-// (batch, query row); the boolean `allowed` mask and the additive terms (bias, ALiBi) are per element.
-// Rows and columns: i = query row, j = key column, off = Lk - Lq, c = i + off (the bottom-right diagonal).
+/// \file
+/// The one place that decides "may query i see key j" and what is added to s_ij.
+/// No public names: everything here is internal (`selfattn::detail`), used by the kernels.
+///
+/// Reference and fused kernels both ask this file, so a mask can never disagree between them.
+/// Structural masks (causal, sliding window, key lengths) reduce to one contiguous key range per
+/// (batch, query row); the boolean `allowed` mask and the additive terms (bias, ALiBi) are per element.
+/// Rows and columns: i = query row, j = key column, off = Lk - Lq, c = i + off (the bottom-right diagonal).
 #pragma once
 
 #include <selfattn/options.hpp>

@@ -1,5 +1,6 @@
-// selfattn/options.hpp — Causal and AttentionOptions: everything that shapes one attention call
-// besides q, k and v. Semantics in docs/masks.md; validation in attention.hpp.
+/// \file
+/// Causal and AttentionOptions: everything that shapes one attention call
+/// besides q, k and v. Semantics in docs/masks.md; validation in attention.hpp.
 #pragma once
 
 #include <selfattn/tensor.hpp>
@@ -12,7 +13,11 @@ namespace selfattn {
 
 /// \brief Causal masking. With `off = Lk - Lq`: `top_left` allows `j <= i` (PyTorch's `is_causal`),
 /// `bottom_right` allows `j <= i + off` (FlashAttention's; right for queries at the end of a KV cache).
-enum class Causal { none, top_left, bottom_right };
+enum class Causal {
+  none,         ///< no causal mask: every key may be seen
+  top_left,     ///< key j visible to query i iff j <= i (PyTorch's `is_causal`)
+  bottom_right  ///< key j visible to query i iff j <= i + Lk - Lq (FlashAttention's); top_left when Lq == Lk
+};
 
 /// \brief Which attention kernel runs a call.
 ///
@@ -23,11 +28,16 @@ enum class Causal { none, top_left, bottom_right };
 /// head); tests compare against it. `fused` asks for the fused kernel, falling back to the reference when
 /// `need_weights` is set. Both kernels give the same results up to rounding, and `sdpa_backward` accepts the
 /// `out` and `lse` of either forward.
-enum class Kernel { automatic, reference, fused };
+enum class Kernel {
+  automatic,  ///< the fused kernel, unless `need_weights` (then the reference): the default
+  reference,  ///< always the reference kernel (detail/reference.hpp): the specification
+  fused       ///< the fused kernel (detail/fused.hpp); `need_weights` still runs the reference
+};
 
 /// \brief Options of one attention call. Every field is optional; all masks combine by logical and.
 ///
-/// Shapes: B batch, H query heads, Lq query length, Lk key length.
+/// Shapes: B batch, H query heads, Lq query length, Lk key length; `allowed` and `bias` broadcast to
+/// (B, H, Lq, Lk) (NumPy rules: an extent of 1 repeats). Masks are views: the caller keeps their data alive.
 /// \code
 /// AttentionOptions<float> opts;
 /// opts.causal = Causal::top_left;

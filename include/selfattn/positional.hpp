@@ -1,12 +1,13 @@
-// selfattn/positional.hpp — position information for attention: the sinusoidal encoding (added to
-// token embeddings), ALiBi slopes (a per-head linear penalty on the scores) and rotary embeddings
-// (RoPE: q and k rotated in place by an angle proportional to their position).
-//
-// Dimension letters: B batch, H heads, L length (rows), D head dim, E embed dim. Formulas, examples
-// and the positions the attention module uses are in docs/positional.md.
-//
-// Angles are computed in double and only the final cos / sin (or encoding value) is cast to T: a
-// float angle at position 10^5 would already be off by ~4e-3 rad, a double one by ~1e-11.
+/// \file
+/// Position information for attention: the sinusoidal encoding (added to
+/// token embeddings), ALiBi slopes (a per-head linear penalty on the scores) and rotary embeddings
+/// (RoPE: q and k rotated in place by an angle proportional to their position).
+///
+/// Dimension letters: B batch, H heads, L length (rows), D head dim, E embed dim. Formulas, examples
+/// and the positions the attention module uses are in docs/positional.md.
+///
+/// Angles are computed in double and only the final cos / sin (or encoding value) is cast to T: a
+/// float angle at position 10^5 would already be off by ~4e-3 rad, a double one by ~1e-11.
 #pragma once
 
 #include <selfattn/errors.hpp>
@@ -100,7 +101,10 @@ std::vector<T> alibi_slopes(Index num_heads) {
 /// RopeStyle::half          pairs (x[i], x[i + dim/2])   GPT-NeoX, Llama
 /// RopeStyle::interleaved   pairs (x[2i], x[2i + 1])     GPT-J, RoFormer
 /// \endcode
-enum class RopeStyle { half, interleaved };
+enum class RopeStyle {
+  half,        ///< pairs (x[i], x[i + dim/2]): GPT-NeoX, Llama
+  interleaved  ///< pairs (x[2i], x[2i + 1]): GPT-J, RoFormer
+};
 
 /// \brief Rotary position embedding (Su et al., RoFormer): rotates pairs of q/k entries by an angle
 /// proportional to the position, so that q_m . k_n depends on positions only through m - n.
@@ -122,6 +126,7 @@ class RotaryEmbedding {
   static_assert(std::is_floating_point_v<T>, "RotaryEmbedding: T must be float or double");
 
  public:
+  /// Rotates the first `dim` entries of each row with frequencies base^(-2i/dim), paired as `style` says.
   /// Throws std::invalid_argument naming `dim` (odd or < 2) or `base` (not finite or <= 0).
   explicit RotaryEmbedding(Index dim, T base = T(10000), RopeStyle style = RopeStyle::half)
       : dim_(dim), base_(base), style_(style) {
@@ -150,6 +155,7 @@ class RotaryEmbedding {
     check_x("RotaryEmbedding::apply", x);
     rotate(x, [position_offset](Index) { return position_offset; }, +1.0);
   }
+  /// \overload
   void apply(Tensor<T, 4>& x, Index position_offset = 0) const { apply(x.view(), position_offset); }
 
   /// Rotates x (B, H, L, D) in place with one offset per batch entry: row l of batch b is at position
@@ -160,6 +166,7 @@ class RotaryEmbedding {
     check_offsets("RotaryEmbedding::apply", x, position_offsets);
     rotate(x, [&position_offsets](Index b) { return position_offsets[static_cast<std::size_t>(b)]; }, +1.0);
   }
+  /// \overload
   void apply(Tensor<T, 4>& x, const std::vector<Index>& position_offsets) const { apply(x.view(), position_offsets); }
 
   /// The inverse of apply (every angle negated), in place: apply_inverse(apply(x)) == x up to rounding.
@@ -169,6 +176,7 @@ class RotaryEmbedding {
     check_x("RotaryEmbedding::apply_inverse", x);
     rotate(x, [position_offset](Index) { return position_offset; }, -1.0);
   }
+  /// \overload
   void apply_inverse(Tensor<T, 4>& x, Index position_offset = 0) const { apply_inverse(x.view(), position_offset); }
 
   /// apply_inverse with one offset per batch entry (see the matching apply).
@@ -177,6 +185,7 @@ class RotaryEmbedding {
     check_offsets("RotaryEmbedding::apply_inverse", x, position_offsets);
     rotate(x, [&position_offsets](Index b) { return position_offsets[static_cast<std::size_t>(b)]; }, -1.0);
   }
+  /// \overload
   void apply_inverse(Tensor<T, 4>& x, const std::vector<Index>& position_offsets) const {
     apply_inverse(x.view(), position_offsets);
   }
@@ -187,6 +196,11 @@ class RotaryEmbedding {
       detail::throw_shape_error(function, "x",
                                 "expected shape (*, *, *, D) with D >= dim = " + std::to_string(dim_) + ", got " +
                                     detail::expected_shape_string(x.shape()));
+    // In place: an element reachable by two indices would be rotated twice.
+    if (detail::overlaps_itself(x))
+      detail::throw_invalid(function, "x",
+                            "the view's elements overlap in memory (strides " + detail::shape_string<4>(x.strides()) +
+                                "), so an in-place rotation would rotate some twice");
   }
 
   static void check_offsets(const char* function, const TensorView<T, 4>& x, const std::vector<Index>& offsets) {

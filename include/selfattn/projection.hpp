@@ -1,7 +1,8 @@
-// selfattn/projection.hpp — the affine projection y = x W^T + b (PyTorch's nn.Linear layout) and the
-// fused Q/K/V projection that reads x once when query = key = value.
-//
-// Shapes: x (B, L, In), W (Out, In), b (Out) or absent -> y (B, L, Out).
+/// \file
+/// The affine projection y = x W^T + b (PyTorch's nn.Linear layout) and the
+/// fused Q/K/V projection that reads x once when query = key = value.
+///
+/// Shapes: x (B, L, In), W (Out, In), b (Out) or absent -> y (B, L, Out).
 #pragma once
 
 #include <selfattn/errors.hpp>
@@ -45,8 +46,14 @@ void check_linear_arguments(const char* function, const std::string& name, const
 }  // namespace detail
 
 /// \brief y = x W^T + b, PyTorch's nn.Linear: x (B, L, In), weight (Out, In), bias (Out) or empty -> (B, L, Out).
+///
+/// Shapes: x (B, L, In), weight (Out, In), bias (Out) or empty (absent) -> y (B, L, Out).
+/// Throws ShapeError naming `weight` or `bias` when they do not fit x.
 /// \code
-/// Tensor<float, 3> y = linear<float>(x, W, b);
+/// Tensor<float, 3> x({2, 10, 64});
+/// Tensor<float, 2> W({32, 64});
+/// Tensor<float, 1> b({32});
+/// Tensor<float, 3> y = linear<float>(x, W, b);   // (2, 10, 32)
 /// \endcode
 template <typename T>
 Tensor<T, 3> linear(const TensorView<const T, 3>& x, const TensorView<const T, 2>& weight,
@@ -60,13 +67,16 @@ Tensor<T, 3> linear(const TensorView<const T, 3>& x, const TensorView<const T, 2
 /// \brief Gradients of y = x W^T + b: dx like x, dweight like W, dbias (Out) or empty without a bias.
 template <typename T>
 struct LinearGradients {
-  Tensor<T, 3> dx;
-  Tensor<T, 2> dweight;
-  Tensor<T, 1> dbias;
+  Tensor<T, 3> dx;       ///< (B, L, In): dy W
+  Tensor<T, 2> dweight;  ///< (Out, In): dy^T x, summed over B and L
+  Tensor<T, 1> dbias;    ///< (Out): dy summed over B and L; empty unless `with_bias`
 };
 
 /// \brief The backward of `linear`: given x (B, L, In), weight (Out, In) and dy (B, L, Out),
 ///   dx = dy W,   dW = dy^T x (summed over B and L),   db = sum over B and L of dy   (db only when `with_bias`).
+///
+/// Shapes: x (B, L, In), weight (Out, In), dy (B, L, Out) -> dx (B, L, In), dweight (Out, In), dbias (Out).
+/// Throws ShapeError naming `weight` or `dy` when they do not fit x.
 /// \code
 /// auto g = linear_backward<float>(x, W, dy, true);   // g.dx, g.dweight, g.dbias
 /// \endcode
@@ -83,7 +93,14 @@ LinearGradients<T> linear_backward(const TensorView<const T, 3>& x, const Tensor
     const auto x_b = as_matrix(x[b]);
     const auto dy_b = as_matrix(dy[b]);
     as_matrix(g.dx[b]).noalias() = dy_b * w;          // dX = dY W
-    dweight.noalias() += dy_b.transpose() * x_b;      // dW = dY^T X
+    if (x_b.allFinite()) {
+      dweight.noalias() += dy_b.transpose() * x_b;    // dW = dY^T X
+    } else {
+      // A row of x holding inf or NaN whose dY row is 0 (a masked-out key, say) contributes nothing, but the
+      // GEMM would add 0 * NaN = NaN: such rows are left out of the sum (docs/numerics.md).
+      for (Index l = 0; l < x_b.rows(); ++l)
+        if (!dy_b.row(l).isZero(T(0))) dweight.noalias() += dy_b.row(l).transpose() * x_b.row(l);
+    }
     if (with_bias) as_vector(g.dbias.view()) += dy_b.colwise().sum();  // db = sum dY
   }
   return g;

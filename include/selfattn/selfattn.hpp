@@ -1,14 +1,35 @@
-// selfattn/selfattn.hpp — the whole library in one include. Only includes.
+/// \file
+/// The whole library in one include. Only includes.
+///
+/// \code
+/// #include <selfattn/selfattn.hpp>
+/// using namespace selfattn;
+///
+/// Tensor<float, 4> q({2, 8, 16, 64}), k({2, 2, 16, 64}), v({2, 2, 16, 64});   // (B, H, L, D), GQA: Hkv = 2
+/// AttentionOptions<float> opts;
+/// opts.causal = Causal::top_left;
+/// Tensor<float, 4> o = scaled_dot_product_attention(q, k, v, opts);           // (B, H, L, D)
+/// \endcode
+
+/// \namespace selfattn
+/// Every public name of the library; `selfattn::detail` holds internals that may change.
+///
+/// Dimension letters, the same in every shape block: B batch, H query heads, Hkv key/value heads,
+/// Lq / Lk query / key length, D head dim of q and k, Dv head dim of v, E embed dim, Dh = E / H
+/// (head dim inside the module).
 #pragma once
 
 #include <selfattn/attention.hpp>
 #include <selfattn/dropout.hpp>
 #include <selfattn/errors.hpp>
 #include <selfattn/heads.hpp>
+#include <selfattn/heatmap.hpp>
 #include <selfattn/kv_cache.hpp>
 #include <selfattn/mask.hpp>
 #include <selfattn/multihead.hpp>
+#include <selfattn/npy.hpp>
 #include <selfattn/options.hpp>
 #include <selfattn/positional.hpp>
 #include <selfattn/projection.hpp>
+#include <selfattn/state_dict.hpp>  // not safetensors.hpp: it needs nlohmann/json, include it yourself
 #include <selfattn/tensor.hpp>
