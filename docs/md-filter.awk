@@ -9,7 +9,9 @@
 #   - rewrites links `](#slug)` and `](path.md#slug)` to `](#<page of path>-slug)` (Doxygen labels are global);
 #   - turns links to public headers (`../include/selfattn/attention.hpp`) into \ref to their file pages,
 #     and links to other files that are not pages (`examples/`, `LICENSE`, detail/ headers) into their
-#     plain text, since those are not part of the site. Images, absolute URLs and plain `.md` links are kept.
+#     plain text, since those are not part of the site. Images, absolute URLs and plain `.md` links are kept;
+#   - writes < and > inside `code spans` as &lt; and &gt;: Doxygen 1.9.4 sometimes reads them as HTML tags
+#     there (`<memory>`, `'<f4'` in tables), where GitHub shows them as text.
 
 function normalize(path,    parts, n, i, out, depth, stack) {
   n = split(path, parts, "/")
@@ -36,6 +38,20 @@ function slug(text,    s) {
   gsub(/[^a-z0-9 _-]/, "", s)
   gsub(/ /, "-", s)
   return s
+}
+
+# A line with < and > escaped inside its code spans.
+function escape_code_spans(row,    out, i, c, in_code) {
+  out = ""
+  in_code = 0
+  for (i = 1; i <= length(row); i++) {
+    c = substr(row, i, 1)
+    if (c == "`") in_code = !in_code
+    else if (in_code && c == "<") c = "&lt;"
+    else if (in_code && c == ">") c = "&gt;"
+    out = out c
+  }
+  return out
 }
 
 # The replacement of one link [text](target).
@@ -84,6 +100,7 @@ BEGIN {
     sub(/[ #]*$/, "", text)
     line = line " {#" self "-" slug(text) "}"
   }
+  line = escape_code_spans(line)
   # Links: [text](target), not images ![alt](src).
   out = ""
   while (match(line, /!?\[[^\]]*\]\([^)]*\)/)) {

@@ -24,7 +24,7 @@ using test::Random;
 template <typename T>
 class KVCacheTest : public ::testing::Test {};
 using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(KVCacheTest, Scalars);
+TYPED_TEST_SUITE(KVCacheTest, Scalars, );
 
 // Rows [begin, end) of every batch of x (B, L, E).
 template <typename T>

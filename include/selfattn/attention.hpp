@@ -1,7 +1,8 @@
-// selfattn/attention.hpp — the public scaled dot-product attention: validate everything, then run a kernel.
-//
-// Dimension letters: B batch, H query heads, Hkv key/value heads (H % Hkv == 0), Lq query length,
-// Lk key length, D head dim of q and k, Dv head dim of v.
+/// \file
+/// The public scaled dot-product attention: validate everything, then run a kernel.
+///
+/// Dimension letters: B batch, H query heads, Hkv key/value heads (H % Hkv == 0), Lq query length,
+/// Lk key length, D head dim of q and k, Dv head dim of v.
 #pragma once
 
 #include <selfattn/detail/fused.hpp>
@@ -18,24 +19,33 @@ namespace selfattn {
 
 /// \brief What `sdpa_forward` returns.
 ///
-/// out (B, H, Lq, Dv); lse (B, H, Lq): log-sum-exp of the final scores over the allowed keys (-inf for
+/// Shapes: out (B, H, Lq, Dv); lse (B, H, Lq): log-sum-exp of the final scores over the allowed keys (-inf for
 /// a row without any); weights (B, H, Lq, Lk), the probabilities before dropout, only when
 /// `opts.need_weights`, else empty.
+/// \code
+/// AttentionForward<float> fwd = sdpa_forward(q, k, v, opts);
+/// float row_lse = fwd.lse(0, 0, 3);   // -inf when query row 3 of batch 0, head 0 may see no key
+/// \endcode
 template <typename T>
 struct AttentionForward {
-  Tensor<T, 4> out;
-  Tensor<T, 3> lse;
-  Tensor<T, 4> weights;
+  Tensor<T, 4> out;      ///< (B, H, Lq, Dv): the attention output; 0 in a row without an allowed key
+  Tensor<T, 3> lse;      ///< (B, H, Lq): log sum_j exp(s_ij) over the allowed keys; -inf for a row without any
+  Tensor<T, 4> weights;  ///< (B, H, Lq, Lk): probabilities before dropout when `opts.need_weights`, else empty
 };
 
 /// \brief What `sdpa_backward` returns: gradients of a scalar loss with respect to q, k, v (their shapes)
 /// and, when `opts.bias` is set, the bias in its own (broadcast) shape; `dbias` is empty otherwise.
+///
+/// Shapes: dq (B, H, Lq, D), dk (B, Hkv, Lk, D), dv (B, Hkv, Lk, Dv), dbias the shape of `opts.bias`.
+/// \code
+/// AttentionGradients<float> g = sdpa_backward(q, k, v, fwd.out, fwd.lse, dout, opts);
+/// \endcode
 template <typename T>
 struct AttentionGradients {
-  Tensor<T, 4> dq;
-  Tensor<T, 4> dk;
-  Tensor<T, 4> dv;
-  Tensor<T, 4> dbias;
+  Tensor<T, 4> dq;     ///< (B, H, Lq, D): gradient of q
+  Tensor<T, 4> dk;     ///< (B, Hkv, Lk, D): gradient of k, summed over the query heads of each group
+  Tensor<T, 4> dv;     ///< (B, Hkv, Lk, Dv): gradient of v, summed over the query heads of each group
+  Tensor<T, 4> dbias;  ///< gradient of `opts.bias` in its own (broadcast) shape; empty without a bias
 };
 
 namespace detail {
@@ -213,6 +223,8 @@ AttentionGradients<detail::scalar_of<Q>> sdpa_backward(const Q& q, const K& k, c
 /// \brief The attention output only: (B, H, Lq, Dv). No weights are returned; `opts.need_weights` only keeps
 /// the kernel choice of `sdpa_forward` with the same options (the reference kernel), so that the result equals
 /// `sdpa_forward(q, k, v, opts).out` bit for bit.
+///
+/// Shapes: q (B, H, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv) -> (B, H, Lq, Dv). Throws like sdpa_forward.
 /// \code
 /// Tensor<double, 4> o = scaled_dot_product_attention(q, k, v);
 /// \endcode
@@ -229,6 +241,8 @@ Tensor<detail::scalar_of<Q>, 4> scaled_dot_product_attention(const Q& q, const K
 
 /// \brief The attention probabilities (B, H, Lq, Lk) for q (B, H, Lq, D) and k (B, Hkv, Lk, D), before
 /// dropout; masked entries are exactly 0, and a row without any allowed key is all 0.
+///
+/// Shapes: q (B, H, Lq, D), k (B, Hkv, Lk, D) -> (B, H, Lq, Lk). Throws like sdpa_forward (no v to check).
 /// \code
 /// Tensor<float, 4> p = attention_weights(q, k, opts);  // each row sums to 1 (or is all 0)
 /// \endcode

@@ -1,11 +1,12 @@
-// selfattn/kv_cache.hpp — the key/value cache of incremental decoding, its eviction policies, and the
-// merge of attention results computed over disjoint key sets.
-//
-// Layout: keys and values of shape (B, Hkv, capacity, D), one plane per key/value head (grouped-query
-// heads are stored once, never repeated per query head). Sequence b holds its tokens in rows
-// [0, lengths()[b]) of its planes: sequences of different lengths decode together, each padded on the
-// right (rows past its length are unused). Keys are stored after RoPE. MultiHeadAttention::make_cache
-// makes one and MultiHeadAttention::step fills it; docs/decoding.md explains the policies and positions.
+/// \file
+/// The key/value cache of incremental decoding, its eviction policies, and the
+/// merge of attention results computed over disjoint key sets.
+///
+/// Layout: keys and values of shape (B, Hkv, capacity, D), one plane per key/value head (grouped-query
+/// heads are stored once, never repeated per query head). Sequence b holds its tokens in rows
+/// [0, lengths()[b]) of its planes: sequences of different lengths decode together, each padded on the
+/// right (rows past its length are unused). Keys are stored after RoPE. MultiHeadAttention::make_cache
+/// makes one and MultiHeadAttention::step fills it; docs/decoding.md explains the policies and positions.
 #pragma once
 
 #include <selfattn/detail/decode.hpp>
@@ -26,14 +27,21 @@ namespace selfattn {
 /// sliding_window(W): the last W tokens of each sequence. attention_sinks(S, W): the first S tokens
 /// (StreamingLLM's attention sinks) plus the last W. With a window, positions are positions within the
 /// cache (see docs/decoding.md), and memory stays at S + W + 1 token slots however long the stream.
+/// \code
+/// auto cache = mha.make_cache(1, CachePolicy::attention_sinks(4, 1020));   // at most 4 + 1020 tokens kept
+/// \endcode
 struct CachePolicy {
   Index sink_tokens = 0;  ///< with a window: the first sink_tokens tokens of a sequence are never evicted
   Index window = -1;      ///< -1: keep every token; else keep the last `window` tokens (plus the sinks)
   Index capacity = 0;     ///< token slots; 0 = grow as needed (amortised doubling); else fixed, and a step past it throws
 
+  /// Every token: grow as needed (capacity 0), or hold at most `capacity` tokens (a step past it throws).
   static CachePolicy keep_all(Index capacity = 0) { return {0, -1, capacity}; }
+  /// The last `window` tokens of each sequence (window >= 1).
   static CachePolicy sliding_window(Index window) { return {0, window, 0}; }
+  /// The first `sinks` tokens (StreamingLLM's attention sinks) plus the last `window`.
   static CachePolicy attention_sinks(Index sinks, Index window) { return {sinks, window, 0}; }
+  /// Whether the policy evicts tokens (it has a window).
   bool evicts() const { return window >= 0; }
 };
 
@@ -48,6 +56,9 @@ struct CachePolicy {
 template <typename T>
 class KVCache {
  public:
+  /// An empty cache for `batch` sequences of `kv_heads` key/value heads of dimension `head_dim` (usually made
+  /// by MultiHeadAttention::make_cache). Throws std::invalid_argument naming `batch` (< 0), `kv_heads` or
+  /// `head_dim` (< 1), or `policy.window`, `policy.sink_tokens`, `policy.capacity` when the policy is invalid.
   KVCache(Index batch, Index kv_heads, Index head_dim, const CachePolicy& policy = {})
       : policy_(policy), batch_(batch), kv_heads_(kv_heads), head_dim_(head_dim),
         lengths_(static_cast<std::size_t>(std::max<Index>(batch, 0)), 0),
@@ -68,10 +79,10 @@ class KVCache {
     allocate(policy.capacity > 0 ? policy.capacity : 0);
   }
 
-  Index batch() const { return batch_; }
-  Index kv_heads() const { return kv_heads_; }
-  Index head_dim() const { return head_dim_; }
-  const CachePolicy& policy() const { return policy_; }
+  Index batch() const { return batch_; }                ///< B, the number of sequences
+  Index kv_heads() const { return kv_heads_; }          ///< Hkv, key/value heads
+  Index head_dim() const { return head_dim_; }          ///< D, the head dim of keys and values
+  const CachePolicy& policy() const { return policy_; }  ///< which tokens the cache keeps
   /// Token slots allocated per sequence and head.
   Index capacity() const { return keys_.dim(2); }
   /// Tokens cached: the longest sequence's count.
@@ -140,8 +151,8 @@ class KVCache {
 /// \brief An attention result over some set of keys: out (B, H, Lq, Dv) and its log-sum-exp lse (B, H, Lq).
 template <typename T>
 struct AttentionPartial {
-  Tensor<T, 4> out;
-  Tensor<T, 3> lse;
+  Tensor<T, 4> out;  ///< (B, H, Lq, Dv): attention output over the key set
+  Tensor<T, 3> lse;  ///< (B, H, Lq): log-sum-exp of the scores over the allowed keys; -inf when none
 };
 
 /// \brief Merges two attention results over disjoint key sets of the same queries into the result over
@@ -149,7 +160,9 @@ struct AttentionPartial {
 ///
 /// The building block for splitting attention over keys: across threads (the decode kernel does this),
 /// across processes or machines, or over a cache kept in pieces. A side with lse = -inf saw no allowed
-/// key and contributes nothing. Shapes: out_a, out_b (B, H, Lq, Dv); lse_a, lse_b (B, H, Lq).
+/// key and contributes nothing. Throws ShapeError naming `out_b`, `lse_a` or `lse_b` when shapes differ.
+///
+/// Shapes: out_a, out_b (B, H, Lq, Dv); lse_a, lse_b (B, H, Lq) -> out (B, H, Lq, Dv), lse (B, H, Lq).
 /// \code
 /// auto a = sdpa_forward(q, k_first_half, v_first_half), b = sdpa_forward(q, k_second_half, v_second_half);
 /// auto all = merge_attention_partials(a.out, a.lse, b.out, b.lse);   // == sdpa_forward(q, k, v)

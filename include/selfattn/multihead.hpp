@@ -1,11 +1,12 @@
-// selfattn/multihead.hpp — MultiHeadAttentionConfig, MhaParams and the MultiHeadAttention module.
-//
-// Dimension letters: B batch, Lq query length, Lk key length, E embed dim, H query heads, Hkv key/value
-// heads, Dh = E / H head dim. Parameters use PyTorch's nn.Linear layout (y = x W^T + b), so the weights
-// of an nn.MultiheadAttention load as they are.
-//
-// The data walks: project (one GEMM for Q|K|V in self-attention) -> split_heads (views) -> RoPE on q, k
-// -> scaled dot-product attention -> merge_heads -> output projection.
+/// \file
+/// MultiHeadAttentionConfig, MhaParams and the MultiHeadAttention module.
+///
+/// Dimension letters: B batch, Lq query length, Lk key length, E embed dim, H query heads, Hkv key/value
+/// heads, Dh = E / H head dim. Parameters use PyTorch's nn.Linear layout (y = x W^T + b), so the weights
+/// of an nn.MultiheadAttention load as they are.
+///
+/// The data walks: project (one GEMM for Q|K|V in self-attention) -> split_heads (views) -> RoPE on q, k
+/// -> scaled dot-product attention -> merge_heads -> output projection.
 #pragma once
 
 #include <selfattn/attention.hpp>
@@ -30,6 +31,17 @@
 namespace selfattn {
 
 /// \brief Configuration of a MultiHeadAttention module. Zero means "the default" where noted.
+///
+/// Shapes it sets: query (B, Lq, embed_dim), key (B, Lk, kdim), value (B, Lk, vdim); H = num_heads query heads
+/// and Hkv = num_kv_heads key/value heads of Dh = embed_dim / num_heads. The module's constructor throws
+/// std::invalid_argument naming the field when the configuration is invalid.
+/// \code
+/// MultiHeadAttentionConfig cfg;
+/// cfg.embed_dim = 512;    // E
+/// cfg.num_heads = 8;      // H, Dh = 64
+/// cfg.num_kv_heads = 2;   // grouped-query attention: 4 query heads per key/value head
+/// cfg.rope_dim = 64;      // rotary embedding on the whole head
+/// \endcode
 struct MultiHeadAttentionConfig {
   Index embed_dim = 0;       ///< E; must be a multiple of num_heads
   Index num_heads = 1;       ///< H; head dim Dh = E / H
@@ -39,18 +51,38 @@ struct MultiHeadAttentionConfig {
   bool bias = true;          ///< biases on the four projections
   double dropout = 0.0;      ///< attention-probability dropout in training mode, in [0, 1)
   Index rope_dim = 0;        ///< 0 = no rotary embedding; else rotate the first rope_dim dims of each q/k head
-  double rope_base = 10000.0;
-  RopeStyle rope_style = RopeStyle::half;
+  double rope_base = 10000.0;  ///< RoPE frequency base (finite, > 0): theta_i = rope_base^(-2i/rope_dim)
+  RopeStyle rope_style = RopeStyle::half;  ///< RoPE pairing: half (GPT-NeoX, Llama) or interleaved (GPT-J)
   bool alibi = false;        ///< add ALiBi with alibi_slopes(num_heads)
 };
 
 /// \brief The module's parameters (or their gradients), nn.Linear layout. Biases are empty when !bias.
 ///
-/// q_weight (E, E), k_weight (Hkv*Dh, kdim), v_weight (Hkv*Dh, vdim), out_weight (E, E);
+/// Shapes: q_weight (E, E), k_weight (Hkv*Dh, kdim), v_weight (Hkv*Dh, vdim), out_weight (E, E);
 /// q_bias (E), k_bias (Hkv*Dh), v_bias (Hkv*Dh), out_bias (E).
+/// \code
+/// MhaParams<float>& P = mha.params();   // PyTorch: in_proj_weight is [q_weight; k_weight; v_weight]
+/// P.out_bias.fill(0.1f);
+/// \endcode
 template <typename T>
 struct MhaParams {
+  /// \var q_weight
+  /// (E, E): query projection, q = query q_weight^T + q_bias.
+  /// \var k_weight
+  /// (Hkv*Dh, kdim): key projection.
+  /// \var v_weight
+  /// (Hkv*Dh, vdim): value projection.
+  /// \var out_weight
+  /// (E, E): output projection, output = merged out_weight^T + out_bias (PyTorch's out_proj.weight).
   Tensor<T, 2> q_weight, k_weight, v_weight, out_weight;
+  /// \var q_bias
+  /// (E), or empty when the module has no biases.
+  /// \var k_bias
+  /// (Hkv*Dh), or empty when the module has no biases.
+  /// \var v_bias
+  /// (Hkv*Dh), or empty when the module has no biases.
+  /// \var out_bias
+  /// (E), or empty when the module has no biases (PyTorch's out_proj.bias).
   Tensor<T, 1> q_bias, k_bias, v_bias, out_bias;
 };
 
@@ -76,33 +108,68 @@ struct ProjectionBlock {
 /// \brief What MultiHeadAttention::forward returns: the output, optional per-head weights, and what
 /// the backward pass needs.
 ///
-/// output (B, Lq, E); weights (B, H, Lq, Lk) when opts.need_weights, else empty.
+/// Shapes: output (B, Lq, E); weights (B, H, Lq, Lk) when opts.need_weights, else empty.
+/// \code
+/// AttentionOptions<float> opts;
+/// opts.need_weights = true;
+/// MhaForward<float> fwd = mha.forward(x, opts);   // x (B, L, E)
+/// float w = fwd.weights(0, 2, 4, 1);              // batch 0, head 2: query 4 attends to key 1
+/// \endcode
 template <typename T>
 struct MhaForward {
-  Tensor<T, 3> output;
-  Tensor<T, 4> weights;
+  Tensor<T, 3> output;   ///< (B, Lq, E): the module's output
+  Tensor<T, 4> weights;  ///< (B, H, Lq, Lk): per-head attention probabilities when opts.need_weights, else empty
 
-  // Saved for the backward pass. Views of the inputs: the caller keeps them alive until backward.
+  /// \name Saved for the backward pass
+  /// Views of the inputs: the caller keeps them alive until backward.
+  ///@{
+  /// \var query
+  /// (B, Lq, E): view of the query input.
+  /// \var key
+  /// (B, Lk, kdim): view of the key input.
+  /// \var value
+  /// (B, Lk, vdim): view of the value input.
   TensorView<const T, 3> query, key, value;
+  /// \var q
+  /// Internal: query projection after RoPE, (B, Lq, H * Dh).
+  /// \var k
+  /// Internal: key projection after RoPE, (B, Lk, Hkv * Dh).
+  /// \var v
+  /// Internal: value projection, (B, Lk, Hkv * Dh).
   detail::ProjectionBlock<T> q, k, v;  // projections after RoPE, (B, L, heads * Dh)
-  AttentionForward<T> attention;      // out (B, H, Lq, Dh) and lse (B, H, Lq); weights moved to `weights`
-  Tensor<T, 3> merged;                // merge_heads(attention.out), the input of the output projection
-  AttentionOptions<T> options;        // the options the attention ran with (ALiBi, dropout filled in)
+  AttentionForward<T> attention;      ///< out (B, H, Lq, Dh) and lse (B, H, Lq); weights moved to `weights`
+  Tensor<T, 3> merged;                ///< merge_heads(attention.out), the input of the output projection
+  AttentionOptions<T> options;        ///< the options the attention ran with (ALiBi, dropout filled in)
+  ///@}
 };
 
 /// \brief What MultiHeadAttention::backward returns: input gradients d_query (B, Lq, E), d_key (B, Lk, kdim),
 /// d_value (B, Lk, vdim) — for self-attention the gradient of x is their sum — and the parameter gradients
 /// under the names and shapes of params().
+///
+/// Shapes: d_query (B, Lq, E), d_key (B, Lk, kdim), d_value (B, Lk, vdim); params as MhaParams.
+/// \code
+/// MhaForward<float> fwd = mha.forward(x);
+/// MhaGradients<float> g = mha.backward(dout, fwd);   // dout (B, L, E)
+/// // self-attention: dx = g.d_query + g.d_key + g.d_value; g.params.q_weight is (E, E)
+/// \endcode
 template <typename T>
 struct MhaGradients {
+  /// \var d_query
+  /// (B, Lq, E): gradient of the query input.
+  /// \var d_key
+  /// (B, Lk, kdim): gradient of the key input.
+  /// \var d_value
+  /// (B, Lk, vdim): gradient of the value input.
   Tensor<T, 3> d_query, d_key, d_value;
-  MhaParams<T> params;
+  MhaParams<T> params;  ///< gradients of every parameter, same names and shapes as params()
 };
 
 /// \brief Multi-head attention, PyTorch's nn.MultiheadAttention (batch_first) plus grouped-query heads,
 /// RoPE and ALiBi.
 ///
-/// forward(query (B, Lq, E), key (B, Lk, kdim), value (B, Lk, vdim), opts) -> output (B, Lq, E).
+/// Shapes: forward(query (B, Lq, E), key (B, Lk, kdim), value (B, Lk, vdim), opts) -> output (B, Lq, E);
+/// step(x_new (B, Lnew, E), cache) -> (B, Lnew, E); parameters as in MhaParams.
 /// forward and backward are const: one module serves many threads at once.
 /// \code
 /// MultiHeadAttentionConfig cfg;
@@ -126,15 +193,28 @@ class MultiHeadAttention {
     initialize(seed);
   }
 
+  /// The configuration with its defaults filled in (num_kv_heads, kdim, vdim never 0).
   const MultiHeadAttentionConfig& config() const { return config_; }
-  Index head_dim() const { return head_dim_; }
+  Index head_dim() const { return head_dim_; }  ///< Dh = E / H
+  /// The parameters, writable (e.g. to load PyTorch weights); keep their shapes, and do not change them
+  /// between a forward and its backward.
   MhaParams<T>& params() { return params_; }
+  /// \overload
   const MhaParams<T>& params() const { return params_; }
   /// Dropout (cfg.dropout) applies only in training mode; the default is false.
   void set_training(bool training) { training_ = training; }
-  bool training() const { return training_; }
+  bool training() const { return training_; }  ///< whether dropout is on (set_training)
 
-  /// Attention of query (B, Lq, E) over key (B, Lk, kdim) and value (B, Lk, vdim).
+  /// \brief Attention of query (B, Lq, E) over key (B, Lk, kdim) and value (B, Lk, vdim).
+  ///
+  /// Shapes: query (B, Lq, E), key (B, Lk, kdim), value (B, Lk, vdim) -> output (B, Lq, E), weights
+  /// (B, H, Lq, Lk) when opts.need_weights. Masks in `opts` broadcast to (B, H, Lq, Lk); `opts.dropout_p` is
+  /// not used (the rate is cfg.dropout, in training mode only). With RoPE, key row j is at position j and
+  /// query row l at l + Lk - Lq. Every argument is checked first: ShapeError or std::invalid_argument
+  /// (also for opts.alibi_slopes together with cfg.alibi).
+  /// \code
+  /// MhaForward<float> fwd = mha.forward(query, memory, memory);   // cross-attention: memory (B, Lk, kdim)
+  /// \endcode
   template <typename Q, typename K, typename V,
             typename = std::enable_if_t<detail::is_tensor_of_rank<Q, 3> && detail::is_tensor_of_rank<K, 3> &&
                                         detail::is_tensor_of_rank<V, 3>>>
@@ -145,13 +225,25 @@ class MultiHeadAttention {
     return forward_views(detail::const_view(query), detail::const_view(key), detail::const_view(value), opts);
   }
 
-  /// Self-attention: query = key = value = x (B, L, E).
+  /// \brief Self-attention: query = key = value = x (B, L, E).
+  ///
+  /// Shapes: x (B, L, E) -> output (B, L, E), weights (B, H, L, L) when opts.need_weights.
+  /// \code
+  /// AttentionOptions<float> opts;
+  /// opts.causal = Causal::top_left;
+  /// Tensor<float, 3> y = mha.forward(x, opts).output;   // (B, L, E)
+  /// \endcode
   template <typename X, typename = std::enable_if_t<detail::is_tensor_of_rank<X, 3>>>
   MhaForward<T> forward(const X& x, const AttentionOptions<T>& opts = {}) const {
     return forward(x, x, x, opts);
   }
 
-  /// A key/value cache for incremental decoding of `batch` sequences with this module (see step).
+  /// \brief A key/value cache for incremental decoding of `batch` sequences with this module (see step).
+  ///
+  /// Shapes: the cache holds keys and values of (batch, Hkv, capacity, Dh).
+  /// \code
+  /// auto cache = mha.make_cache(1, CachePolicy::sliding_window(256));   // KVCache<float>
+  /// \endcode
   KVCache<T> make_cache(Index batch, const CachePolicy& policy = {}) const {
     return KVCache<T>(batch, config_.num_kv_heads, head_dim_, policy);
   }
@@ -166,6 +258,14 @@ class MultiHeadAttention {
   /// sequence b, the rest right padding, not cached, with zero attention output. Feeding a sequence in
   /// pieces gives the output of one forward with Causal::top_left. Under an evicting policy, masks in
   /// opts are not supported and the rows attend one at a time. If step throws, the cache is unchanged.
+  ///
+  /// Shapes: x_new (B, Lnew, E), cache of B sequences (make_cache(B)), new_tokens empty or B entries
+  /// -> (B, Lnew, E).
+  /// \code
+  /// auto cache = mha.make_cache(1);
+  /// Tensor<float, 3> y = mha.step(prompt, cache);   // prefill: prompt (1, L, E) -> (1, L, E)
+  /// y = mha.step(next_token, cache);                // (1, 1, E): attends over the L + 1 cached tokens
+  /// \endcode
   template <typename X, typename = std::enable_if_t<detail::is_tensor_of_rank<X, 3>>>
   Tensor<T, 3> step(const X& x_new, KVCache<T>& cache, const AttentionOptions<T>& opts = {},
                     const std::vector<Index>& new_tokens = {}) const {
@@ -176,6 +276,15 @@ class MultiHeadAttention {
   /// Gradients of a scalar loss given dout = d loss / d fwd.output (B, Lq, E). The parameters must be
   /// unchanged since the forward, and the forward's inputs (and mask tensors) still alive.
   /// The forward's walk in reverse: output projection, merge_heads, attention, RoPE, input projections.
+  ///
+  /// Shapes: dout (B, Lq, E), f the MhaForward of the call -> d_query (B, Lq, E), d_key (B, Lk, kdim),
+  /// d_value (B, Lk, vdim), params of the shapes of params(). Throws ShapeError naming `dout` when it is not
+  /// the output's shape.
+  /// \code
+  /// MhaForward<float> fwd = mha.forward(x, opts);
+  /// Tensor<float, 3> dout(fwd.output.shape());      // d loss / d output, here zero
+  /// MhaGradients<float> g = mha.backward(dout, fwd);
+  /// \endcode
   template <typename DO, typename = std::enable_if_t<detail::is_tensor_of_rank<DO, 3>>>
   MhaGradients<T> backward(const DO& dout, const MhaForward<T>& f) const {
     static_assert(std::is_same_v<detail::scalar_of<DO>, T>, "MultiHeadAttention<T>::backward: dout must hold T");

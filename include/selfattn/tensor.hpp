@@ -1,9 +1,10 @@
-// selfattn/tensor.hpp — Index, Tensor (owning) and TensorView (strided, non-owning), and row-major
-// Eigen maps of their 2-D slices.
-//
-// Both are row-major. A view's last dimension is always contiguous (stride 1) so that every row is an
-// Eigen vector and every 2-D slice is an Eigen matrix with an outer stride; the other strides are
-// free (non-negative), which is what lets split_heads and permute be views instead of copies.
+/// \file
+/// Index, Tensor (owning) and TensorView (strided, non-owning), and row-major
+/// Eigen maps of their 2-D slices.
+///
+/// Both are row-major. A view's last dimension is always contiguous (stride 1) so that every row is an
+/// Eigen vector and every 2-D slice is an Eigen matrix with an outer stride; the other strides are
+/// free (non-negative), which is what lets split_heads and permute be views instead of copies.
 #pragma once
 
 #include <Eigen/Core>
@@ -11,6 +12,7 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -18,6 +20,7 @@
 
 namespace selfattn {
 
+/// Every extent, stride and index: `std::ptrdiff_t`, Eigen's index type, so maps and kernels need no casts.
 using Index = std::ptrdiff_t;
 
 template <typename T, int Rank>
@@ -67,8 +70,11 @@ void check_shape_valid(const std::array<Index, Rank>& shape) {
 ///
 /// `T` may be const (`TensorView<const float, 4>`: read-only). The last dimension is contiguous
 /// (stride 1); the other strides are in elements and non-negative. A default-constructed view is
-/// empty and means "absent" wherever a tensor argument is optional.
+/// empty and means "absent" wherever a tensor argument is optional. Views do not own: the caller keeps
+/// the data alive for as long as anything refers to it.
 ///
+/// Shapes: any `Rank` >= 1; attention takes (B, H, L, D) views (a head split of a (B, L, E) buffer is one,
+/// see split_heads), the module (B, L, E) ones.
 /// \code
 /// float buffer[2 * 3];
 /// TensorView<float, 2> m(buffer, {2, 3});       // contiguous
@@ -79,15 +85,17 @@ class TensorView {
   static_assert(Rank >= 1, "selfattn::TensorView needs Rank >= 1");
 
  public:
-  using value_type = std::remove_const_t<T>;
-  using Shape = std::array<Index, Rank>;
+  using value_type = std::remove_const_t<T>;  ///< the element type without const
+  using Shape = std::array<Index, Rank>;      ///< extents (or strides), one per dimension
 
+  /// An empty view (null data, all extents 0): "absent" where a tensor is optional.
   TensorView() = default;
 
-  /// Wraps contiguous row-major memory.
+  /// Wraps contiguous row-major memory. Throws std::invalid_argument for a negative extent.
   TensorView(T* data, const Shape& shape) : TensorView(data, shape, detail::row_major_strides<Rank>(shape)) {}
 
-  /// Wraps strided memory; `strides` in elements, the last one must be 1.
+  /// Wraps strided memory; `strides` in elements, the last one must be 1. Throws std::invalid_argument for a
+  /// negative extent or stride, or a last stride other than 1 (when the view has more than one element).
   TensorView(T* data, const Shape& shape, const Shape& strides) : data_(data), shape_(shape), strides_(strides) {
     detail::check_shape_valid<Rank>(shape);
     if (strides[Rank - 1] != 1 && detail::product<Rank>(shape) > 1)
@@ -109,17 +117,18 @@ class TensorView {
   template <typename U, typename = std::enable_if_t<std::is_same_v<U, T> || std::is_same_v<const U, T>>>
   TensorView(Tensor<U, Rank>& tensor)  // NOLINT(google-explicit-constructor)
       : TensorView(tensor.data(), tensor.shape()) {}
+  /// \overload
   template <typename U, typename = std::enable_if_t<std::is_same_v<const U, T>>>
   TensorView(const Tensor<U, Rank>& tensor)  // NOLINT(google-explicit-constructor)
       : TensorView(tensor.data(), tensor.shape()) {}
 
-  T* data() const { return data_; }
-  const Shape& shape() const { return shape_; }
-  const Shape& strides() const { return strides_; }
-  Index dim(int d) const { return shape_[static_cast<std::size_t>(d)]; }
-  Index stride(int d) const { return strides_[static_cast<std::size_t>(d)]; }
-  Index size() const { return detail::product<Rank>(shape_); }
-  bool empty() const { return size() == 0; }
+  T* data() const { return data_; }                                            ///< first element; null when absent
+  const Shape& shape() const { return shape_; }                                ///< extents
+  const Shape& strides() const { return strides_; }                            ///< strides in elements; the last is 1
+  Index dim(int d) const { return shape_[static_cast<std::size_t>(d)]; }       ///< extent of dimension d
+  Index stride(int d) const { return strides_[static_cast<std::size_t>(d)]; }  ///< stride of dimension d
+  Index size() const { return detail::product<Rank>(shape_); }                 ///< number of elements
+  bool empty() const { return size() == 0; }                                   ///< no elements (e.g. "absent")
 
   /// True when the view covers its elements densely in row-major order.
   bool is_contiguous() const {
@@ -130,6 +139,8 @@ class TensorView {
     return true;
   }
 
+  /// Element (i0, ..., iRank-1); bounds checked by eigen_assert (not under NDEBUG). Constness is the
+  /// element type's: a const view of mutable data still writes.
   template <typename... Indices>
   T& operator()(Indices... indices) const {
     static_assert(sizeof...(Indices) == Rank, "selfattn::TensorView: wrong number of indices");
@@ -189,8 +200,55 @@ class TensorView {
   Shape strides_{};
 };
 
+namespace detail {
+
+/// Elements from a view's first element to its last, inclusive: 1 + sum_d (dim_d - 1) * stride_d; 0 when empty.
+template <typename T, int Rank>
+Index memory_span(const TensorView<T, Rank>& x) {
+  if (x.empty()) return 0;
+  Index span = 1;
+  for (int d = 0; d < Rank; ++d) span += (x.dim(d) - 1) * x.stride(d);
+  return span;
+}
+
+/// Whether the address ranges [first element, last element] of two views intersect (element types and ranks
+/// may differ; an empty view overlaps nothing). Conservative: two strided views that interleave without
+/// sharing an element count as overlapping. Used to reject a destination that aliases a source.
+template <typename A, int RankA, typename B, int RankB>
+bool overlaps(const TensorView<A, RankA>& a, const TensorView<B, RankB>& b) {
+  if (a.empty() || b.empty()) return false;
+  const auto begin_a = reinterpret_cast<std::uintptr_t>(a.data());
+  const auto begin_b = reinterpret_cast<std::uintptr_t>(b.data());
+  const auto end_a = begin_a + static_cast<std::uintptr_t>(memory_span(a)) * sizeof(A);
+  const auto end_b = begin_b + static_cast<std::uintptr_t>(memory_span(b)) * sizeof(B);
+  return begin_a < end_b && begin_b < end_a;
+}
+
+/// Whether two different indices of a view may reach the same element (a stride 0, or rows that overlap), so
+/// that writing through it in place would update an element more than once. Conservative like `overlaps`:
+/// sorted by stride, each dimension of extent > 1 must step past everything the smaller ones span.
+template <typename T, int Rank>
+bool overlaps_itself(const TensorView<T, Rank>& x) {
+  if (x.empty()) return false;
+  std::array<int, Rank> order{};
+  for (int d = 0; d < Rank; ++d) order[static_cast<std::size_t>(d)] = d;
+  std::sort(order.begin(), order.end(), [&x](int a, int b) { return x.stride(a) < x.stride(b); });
+  Index span = 1;  // elements spanned by the dimensions visited so far
+  for (int d : order) {
+    if (x.dim(d) == 1) continue;
+    if (x.stride(d) < span) return true;
+    span += (x.dim(d) - 1) * x.stride(d);
+  }
+  return false;
+}
+
+}  // namespace detail
+
 /// \brief An owning, contiguous, row-major, zero-initialised tensor. Copies are deep; moves are cheap.
 ///
+/// A default-constructed tensor is empty (`data() == nullptr`) and means "absent"; a moved-from one too.
+///
+/// Shapes: any `Rank` >= 1, e.g. (B, L, E) for the module, (B, H, L, D) for attention.
 /// \code
 /// Tensor<float, 3> x({2, 10, 64});
 /// x(1, 2, 3) = 0.5f;
@@ -202,10 +260,12 @@ class Tensor {
   static_assert(!std::is_const_v<T>, "selfattn::Tensor owns its elements: use a non-const T");
 
  public:
-  using value_type = T;
-  using Shape = std::array<Index, Rank>;
+  using value_type = T;                   ///< the element type
+  using Shape = std::array<Index, Rank>;  ///< extents (or strides), one per dimension
 
+  /// An empty tensor (no storage, all extents 0): "absent" where a tensor is optional.
   Tensor() = default;
+  /// A zero-initialised tensor of this shape. Throws std::invalid_argument for a negative extent.
   explicit Tensor(const Shape& shape) : shape_(shape) {
     detail::check_shape_valid<Rank>(shape);
     data_.reset(new T[static_cast<std::size_t>(size())]());
@@ -213,17 +273,21 @@ class Tensor {
   /// A contiguous copy of a view's elements.
   explicit Tensor(const TensorView<const T, Rank>& view) : Tensor(view.shape()) { copy_from(view); }
 
-  // A copy of a tensor without storage (default-constructed: "absent") has none either, so it stays absent.
+  /// A deep copy. A copy of a tensor without storage (default-constructed: "absent") has none either, so it
+  /// stays absent.
   Tensor(const Tensor& other) : shape_(other.shape_) {
     if (!other.data_) return;
     data_.reset(new T[static_cast<std::size_t>(size())]());
     std::copy(other.data(), other.data() + size(), data());
   }
+  /// Takes the storage; `other` becomes empty.
   Tensor(Tensor&& other) noexcept : data_(std::move(other.data_)), shape_(other.shape_) { other.shape_ = Shape{}; }
+  /// A deep copy (shape and elements).
   Tensor& operator=(const Tensor& other) {
     if (this != &other) *this = Tensor(other);
     return *this;
   }
+  /// Takes the storage; `other` becomes empty.
   Tensor& operator=(Tensor&& other) noexcept {
     data_ = std::move(other.data_);
     shape_ = other.shape_;
@@ -232,42 +296,56 @@ class Tensor {
   }
   ~Tensor() = default;
 
-  T* data() { return data_.get(); }
-  const T* data() const { return data_.get(); }
-  const Shape& shape() const { return shape_; }
-  Shape strides() const { return detail::row_major_strides<Rank>(shape_); }
-  Index dim(int d) const { return shape_[static_cast<std::size_t>(d)]; }
-  Index size() const { return detail::product<Rank>(shape_); }
-  bool empty() const { return size() == 0; }
+  T* data() { return data_.get(); }                                          ///< first element; null when empty
+  const T* data() const { return data_.get(); }                              ///< first element; null when empty
+  const Shape& shape() const { return shape_; }                              ///< extents
+  Shape strides() const { return detail::row_major_strides<Rank>(shape_); }  ///< dense row-major strides
+  Index dim(int d) const { return shape_[static_cast<std::size_t>(d)]; }     ///< extent of dimension d
+  Index size() const { return detail::product<Rank>(shape_); }               ///< number of elements
+  bool empty() const { return size() == 0; }                                 ///< no elements (e.g. "absent")
 
+  /// A mutable view of the whole tensor.
   TensorView<T, Rank> view() { return TensorView<T, Rank>(data(), shape_); }
+  /// A read-only view of the whole tensor.
   TensorView<const T, Rank> view() const { return TensorView<const T, Rank>(data(), shape_); }
 
+  /// Element (i0, ..., iRank-1); bounds checked by eigen_assert (not under NDEBUG).
   template <typename... Indices>
   T& operator()(Indices... indices) {
     return view()(indices...);
   }
+  /// \overload
   template <typename... Indices>
   const T& operator()(Indices... indices) const {
     return view()(indices...);
   }
 
+  /// The slice at index `i` of the first dimension: a view of rank `Rank - 1` sharing this tensor's memory.
   template <int R = Rank, typename = std::enable_if_t<(R > 1)>>
   TensorView<T, Rank - 1> operator[](Index i) {
     return view()[i];
   }
+  /// \overload
   template <int R = Rank, typename = std::enable_if_t<(R > 1)>>
   TensorView<const T, Rank - 1> operator[](Index i) const {
     return view()[i];
   }
 
+  /// Sets every element to `value`.
   void fill(const T& value) { std::fill(data(), data() + size(), value); }
 
-  /// Copies a view of the same shape into this tensor (element by element; strides may differ).
+  /// Copies a view of the same shape into this tensor (element by element; strides may differ). Throws
+  /// std::invalid_argument when the shapes differ.
   void copy_from(const TensorView<const T, Rank>& source) {
     if (source.shape() != shape_)
       throw std::invalid_argument("selfattn::Tensor::copy_from: shape " + detail::shape_string<Rank>(source.shape()) +
                                   " differs from " + detail::shape_string<Rank>(shape_));
+    if (source.data() == data() && source.strides() == strides()) return;  // the tensor itself: nothing to do
+    // Element by element over memory that the writes change: the result would depend on the order.
+    if (detail::overlaps(source, view()))
+      throw std::invalid_argument(
+          "selfattn::Tensor::copy_from: source (a view of " + detail::shape_string<Rank>(source.shape()) +
+          ") overlaps the destination tensor's own memory; copy it to a separate tensor first");
     const Shape dense = strides();
     for (Index flat = 0; flat < size(); ++flat) {
       Index rest = flat, offset = 0;
@@ -287,6 +365,7 @@ class Tensor {
 
 // ---- Eigen maps of 2-D slices -------------------------------------------------------------------
 
+/// A dynamic-size row-major Eigen matrix: the layout of our tensors (Eigen's default is column-major).
 template <typename T>
 using RowMajorMatrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
@@ -296,16 +375,27 @@ using MatrixMap = Eigen::Map<std::conditional_t<std::is_const_v<T>, const RowMaj
                                                 RowMajorMatrix<std::remove_const_t<T>>>,
                              Eigen::Unaligned, Eigen::OuterStride<>>;
 
+/// \brief An Eigen map of a 2-D view: writes through a mutable map change the viewed data.
+///
+/// Shapes: view (rows, cols), any row stride -> a (rows, cols) row-major map with outer stride `stride(0)`.
+/// \code
+/// Tensor<float, 3> x({2, 4, 8});
+/// auto m = as_matrix(x[1]);                           // (4, 8) map of batch 1
+/// m.setOnes();
+/// RowMajorMatrix<float> gram = m * m.transpose();    // (4, 4), every entry 8
+/// \endcode
 template <typename T>
 MatrixMap<T> as_matrix(const TensorView<T, 2>& view) {
   // A single row may carry any outer stride; Eigen wants it at least the row length.
   const Index outer = view.dim(0) > 1 ? view.stride(0) : view.dim(1);
   return MatrixMap<T>(view.data(), view.dim(0), view.dim(1), Eigen::OuterStride<>(outer));
 }
+/// \overload
 template <typename T>
 MatrixMap<T> as_matrix(Tensor<T, 2>& tensor) {
   return as_matrix(tensor.view());
 }
+/// \overload
 template <typename T>
 MatrixMap<const T> as_matrix(const Tensor<T, 2>& tensor) {
   return as_matrix(tensor.view());
@@ -316,6 +406,13 @@ template <typename T>
 using VectorMap = Eigen::Map<std::conditional_t<std::is_const_v<T>, const Eigen::Matrix<std::remove_const_t<T>, 1, Eigen::Dynamic>,
                                                 Eigen::Matrix<std::remove_const_t<T>, 1, Eigen::Dynamic>>>;
 
+/// \brief An Eigen row-vector map of a 1-D view (pass `tensor.view()` for a Tensor).
+///
+/// Shapes: view (n) -> a (1, n) map.
+/// \code
+/// Tensor<float, 1> b({8});
+/// float total = as_vector(b.view()).sum();   // 0
+/// \endcode
 template <typename T>
 VectorMap<T> as_vector(const TensorView<T, 1>& view) {
   return VectorMap<T>(view.data(), view.dim(0));

@@ -92,7 +92,9 @@ Eigen::Matrix<T, Eigen::Dynamic, 1> reference_softmax(RowMajorMatrix<T>& s) {
   for (Index i = 0; i < s.rows(); ++i) {
     T m = minus_infinity;
     for (Index j = 0; j < s.cols(); ++j)
-      if (!(s(i, j) <= m)) m = s(i, j);  // also lets a NaN score through to the output
+      // A NaN score makes m NaN and keeps it (a later -inf must not turn the row into a fully masked one), so
+      // the row's output and lse are NaN.
+      if (!(s(i, j) <= m) && !std::isnan(m)) m = s(i, j);
     if (m == minus_infinity) {
       s.row(i).setZero();
       lse(i) = minus_infinity;
