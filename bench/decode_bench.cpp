@@ -4,6 +4,7 @@
 //   BM_triad/N/H/Hkv          a[i] = b[i] + s c[i] over as many bytes as the decode step below reads
 //   BM_decode_kernel/N/H/Hkv  one query row per head over N cached keys and values (D = 128, float):
 //                             the attention of one decode step, reported as GB/s of K/V read
+//   BM_decode_general/N/H/Hkv the same with the general path forced (Eigen products per chunk), for comparison
 //   BM_decode_step/N          MultiHeadAttention::step of one token over a cache of N tokens (E = 1024)
 //   BM_recompute/N            the same token by a full causal forward over all N tokens (no cache)
 //
@@ -63,7 +64,8 @@ void BM_triad(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * 3 * n * static_cast<int64_t>(sizeof(float)));
 }
 
-void BM_decode_kernel(benchmark::State& state) {
+// One decode step through detail::decode_forward with the given kernel choice.
+void decode_kernel(benchmark::State& state, selfattn::detail::DecodeKernel kernel) {
   use_threads(state, 3);
   const Index keys = state.range(0), heads = state.range(1), kv_heads = state.range(2);
   const auto q = filled<4>({1, heads, 1, head_dim});
@@ -74,7 +76,7 @@ void BM_decode_kernel(benchmark::State& state) {
   Tensor<float, 4> out({1, heads, 1, head_dim});
   Tensor<float, 3> lse({1, heads, 1});
   for (auto _ : state) {
-    selfattn::detail::decode_forward(params, selfattn::detail::ForwardOutputs<float>{out.view(), lse.view(), {}});
+    selfattn::detail::decode_forward(params, selfattn::detail::ForwardOutputs<float>{out.view(), lse.view(), {}}, kernel);
     benchmark::DoNotOptimize(out.data());
     benchmark::ClobberMemory();
   }
@@ -83,6 +85,11 @@ void BM_decode_kernel(benchmark::State& state) {
   state.counters["FLOP/s"] = benchmark::Counter(4.0 * static_cast<double>(heads * keys * head_dim),
                                                 benchmark::Counter::kIsIterationInvariantRate);
 }
+
+// The kernel decode_forward picks (the grouped path when the group fills the SIMD lanes).
+void BM_decode_kernel(benchmark::State& state) { decode_kernel(state, selfattn::detail::DecodeKernel::automatic); }
+// The general path forced (Eigen products per chunk): what BM_decode_kernel improves on.
+void BM_decode_general(benchmark::State& state) { decode_kernel(state, selfattn::detail::DecodeKernel::general); }
 
 selfattn::MultiHeadAttention<float> decoder(Index heads, Index kv_heads) {
   selfattn::MultiHeadAttentionConfig cfg;
@@ -131,6 +138,7 @@ void decode_shapes(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_triad)->Apply(decode_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_decode_kernel)->Apply(decode_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_decode_general)->Apply(decode_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_decode_step)->ArgNames({"", "threads"})->Args({128, 1})->Args({4096, 1})->Args({32768, 1})->Args({32768, 2})
     ->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_recompute)->ArgNames({"", "threads"})->Args({128, 1})->Args({512, 1})->Args({2048, 1})

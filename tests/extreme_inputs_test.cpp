@@ -1052,11 +1052,10 @@ void check_nan_prefill(const AttentionOptions<T>& opts) {
 // Without masks the decode kernel's grouped path runs.
 TYPED_TEST(ExtremeInputsTest, NanInAPrefillReachesTheRowsThatAttendIt) { check_nan_prefill<TypeParam>({}); }
 
-// An `allowed` mask (all true) sends the prefill down the decode kernel's general path, whose row maximum
-// (detail/decode.hpp, decode_chunk_partial: `if (!(s(r, c) <= m)) m = s(r, c);`) still turns row t — the row whose
-// last allowed key is the NaN — into a fully masked row. Disabled until that line gets the reference kernel's fix
-// (`&& !std::isnan(m)`); decode.hpp is being rewritten elsewhere.
-TYPED_TEST(ExtremeInputsTest, DISABLED_NanInAMaskedPrefillReachesTheRowsThatAttendIt) {
+// An `allowed` mask (all true) sends the prefill down the decode kernel's general path. Its row maximum once
+// read `if (!(s(r, c) <= m)) m = s(r, c);`, which turned row t (the row whose last allowed key is the NaN) into
+// a fully masked row of zeros; it now keeps a NaN once seen, as the reference kernel does. Regression test.
+TYPED_TEST(ExtremeInputsTest, NanInAMaskedPrefillReachesTheRowsThatAttendIt) {
   Tensor<bool, 4> all_true({1, 1, 9, 9});
   all_true.fill(true);
   AttentionOptions<TypeParam> masked;
