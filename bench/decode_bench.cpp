@@ -86,7 +86,7 @@ void decode_kernel(benchmark::State& state, selfattn::detail::DecodeKernel kerne
                                                 benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// The kernel decode_forward picks (the grouped path when the group fills the SIMD lanes).
+// The kernel decode_forward picks (the streaming path for up to 3 rows per key/value head, else the grouped path).
 void BM_decode_kernel(benchmark::State& state) { decode_kernel(state, selfattn::detail::DecodeKernel::automatic); }
 // The general path forced (Eigen products per chunk): what BM_decode_kernel improves on.
 void BM_decode_general(benchmark::State& state) { decode_kernel(state, selfattn::detail::DecodeKernel::general); }

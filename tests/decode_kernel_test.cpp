@@ -1,5 +1,6 @@
 // Tests of the decode kernel's grouped path (detail/decode_microkernels.hpp, the query rows of a key/value head
-// in SIMD lanes) against the reference kernel: random shapes over every group size, head dims that are and are
+// in SIMD lanes) and streaming path (one to a few rows per key/value head, vectorised over D) against the
+// reference kernel: random shapes over every group size, head dims that are and are
 // not whole packets, 1 to 4 query rows, key counts around the chunk edges, per-batch key lengths, windows,
 // ALiBi, strided cache views; masked NaNs that must not leak; empty rows; thread-count independence.
 #include <selfattn/selfattn.hpp>
@@ -218,6 +219,7 @@ TYPED_TEST(DecodeKernelTest, FallsBackToTheGeneralPathForBiasMaskAndDropout) {
     const auto params = detail::make_params<T>(q, k, v, opts);
     EXPECT_FALSE(detail::grouped_decode_applies(params)) << "variant " << variant;
     EXPECT_TRUE(matches_reference(params, DecodeKernel::grouped)) << "variant " << variant;
+    EXPECT_TRUE(matches_reference(params, DecodeKernel::streaming)) << "variant " << variant;
   }
 }
 
@@ -248,6 +250,172 @@ TYPED_TEST(DecodeKernelTest, ResultDoesNotDependOnTheThreadCount) {
   EXPECT_TRUE(all_close(again, one, 0.0));
   EXPECT_TRUE(all_close(two, one, 0.0));
   EXPECT_TRUE(matches_reference(params, DecodeKernel::grouped));
+}
+
+// The streaming path (few rows per key/value head, vectorised over D) over random shapes: G in {1, 2, 3} with
+// every head dim in {8, 64, 80, 128} (8 and 80: not whole AVX-512 packets, so the scalar tails run), 1 to 4
+// query rows (up to 12 rows per head: blocks of 4 rows), key counts around the chunk edges (256), per-batch key
+// lengths, bottom-right causal, windows and ALiBi drawn at random; a value dim unlike D now and then.
+TYPED_TEST(DecodeKernelTest, StreamingPathMatchesTheReferenceOverRandomShapes) {
+  using T = TypeParam;
+  Random random(511);
+  const std::vector<Index> key_counts = {1, 2, 17, 255, 256, 257, 511, 512, 513, 600};
+  int cases = 0;
+  for (Index group : {1, 2, 3})
+    for (Index D : {8, 64, 80, 128})
+      for (Index Lq = 1; Lq <= 4; ++Lq) {
+        DecodeCase c;
+        c.B = 2;
+        c.Hkv = random.integer(1, 2);
+        c.H = group * c.Hkv;
+        c.Lq = Lq;
+        c.Lk = std::max(c.Lq, key_counts[static_cast<std::size_t>(random.integer(0, 9))]);
+        c.D = D;
+        c.Dv = random.bernoulli(0.25) ? D / 2 + 3 : D;
+        c.causal = random.bernoulli(0.75) ? Causal::bottom_right : Causal::none;
+        c.key_lengths =
+            random.bernoulli(0.5) ? std::vector<Index>{} : std::vector<Index>{c.Lk, random.integer(0, c.Lk)};
+        c.window_left = random.bernoulli(0.25) ? random.integer(0, c.Lk) : -1;
+        c.alibi = random.bernoulli(0.5);
+        const auto q = random.normal_tensor<T, 4>({c.B, c.H, c.Lq, c.D});
+        const auto k = random.normal_tensor<T, 4>({c.B, c.Hkv, c.Lk, c.D});
+        const auto v = random.normal_tensor<T, 4>({c.B, c.Hkv, c.Lk, c.Dv});
+        AttentionOptions<T> opts;
+        opts.causal = c.causal;
+        opts.key_lengths = c.key_lengths;
+        opts.window_left = c.window_left;
+        if (c.alibi) opts.alibi_slopes = alibi_slopes<T>(c.H);
+        const auto params = detail::make_params<T>(q, k, v, opts);
+        ASSERT_TRUE(detail::grouped_decode_applies(params));
+        EXPECT_TRUE(matches_reference(params, DecodeKernel::streaming)) << c.describe();
+        EXPECT_TRUE(matches_reference(params, DecodeKernel::automatic)) << c.describe();
+        ++cases;
+      }
+  EXPECT_EQ(cases, 48);
+}
+
+// The benchmark's memory-bound shape (H = Hkv = 8, one query row, D = 128) over several chunks, every key
+// visible, with a ragged last chunk: the unmasked streaming path and its chunk merge.
+TYPED_TEST(DecodeKernelTest, SingleRowDecodeStepMatchesTheReference) {
+  using T = TypeParam;
+  Random random(512);
+  const Index H = 8, Hkv = 8, D = 128, Lk = 1100;
+  const auto q = random.normal_tensor<T, 4>({1, H, 1, D});
+  const auto k = random.normal_tensor<T, 4>({1, Hkv, Lk, D});
+  const auto v = random.normal_tensor<T, 4>({1, Hkv, Lk, D});
+  const auto params = detail::make_params<T>(q, k, v, AttentionOptions<T>{});
+  EXPECT_TRUE(matches_reference(params, DecodeKernel::streaming));
+  EXPECT_TRUE(matches_reference(params, DecodeKernel::automatic));
+}
+
+// Strided cache views (rows D + 5 apart, capacity beyond the length) through the streaming path.
+TYPED_TEST(DecodeKernelTest, StreamingPathReadsStridedCacheViewsInPlace) {
+  using T = TypeParam;
+  Random random(513);
+  const Index B = 2, H = 6, Hkv = 2, Lq = 2, Lk = 300, capacity = 320, D = 20, row = D + 5;
+  const auto q = random.normal_tensor<T, 4>({B, H, Lq, D});
+  auto storage_k = random.normal_tensor<T, 4>({B, Hkv, capacity, row});
+  auto storage_v = random.normal_tensor<T, 4>({B, Hkv, capacity, row});
+  const std::array<Index, 4> shape{B, Hkv, Lk, D};
+  const TensorView<const T, 4> k(storage_k.data(), shape, storage_k.strides());
+  const TensorView<const T, 4> v(storage_v.data(), shape, storage_v.strides());
+  AttentionOptions<T> opts;
+  opts.causal = Causal::bottom_right;
+  opts.key_lengths = {Lk, 123};
+  opts.alibi_slopes = alibi_slopes<T>(H);
+  EXPECT_TRUE(matches_reference(detail::make_params<T>(q.view(), k, v, opts), DecodeKernel::streaming));
+}
+
+// NaN in keys and values the mask hides must not reach the streaming path's output either; the one row that
+// sees a NaN key gets NaN, as in the reference. G = 3, 3 query rows (9 rows per head: blocks of 4, 4 and 1).
+TYPED_TEST(DecodeKernelTest, StreamingPathDoesNotLeakMaskedNaN) {
+  using T = TypeParam;
+  Random random(514);
+  const Index B = 2, H = 3, Hkv = 1, Lq = 3, Lk = 600, D = 80;
+  const T nan = std::numeric_limits<T>::quiet_NaN();
+  const auto q = random.normal_tensor<T, 4>({B, H, Lq, D});
+  auto k = random.normal_tensor<T, 4>({B, Hkv, Lk, D});
+  auto v = random.normal_tensor<T, 4>({B, Hkv, Lk, D});
+  AttentionOptions<T> opts;
+  opts.causal = Causal::bottom_right;
+  opts.key_lengths = {Lk, 300};
+  opts.window_left = 400;
+  opts.alibi_slopes = alibi_slopes<T>(H);
+  for (Index d = 0; d < D; ++d) {
+    k(0, 0, Lk - 1, d) = v(0, 0, Lk - 1, d) = nan;  // seen only by the last row of batch 0
+    k(1, 0, 450, d) = v(1, 0, 450, d) = nan;        // past batch 1's key length
+    k(0, 0, 10, d) = v(0, 0, 10, d) = nan;          // before every row's window
+  }
+  const auto params = detail::make_params<T>(q, k, v, opts);
+  Tensor<T, 4> out({B, H, Lq, D}), expected_out({B, H, Lq, D});
+  Tensor<T, 3> lse({B, H, Lq}), expected_lse({B, H, Lq});
+  detail::decode_forward(params, detail::ForwardOutputs<T>{out.view(), lse.view(), {}}, DecodeKernel::streaming);
+  detail::reference_forward(params, detail::ForwardOutputs<T>{expected_out.view(), expected_lse.view(), {}});
+  for (Index h = 0; h < H; ++h)
+    for (Index i = 0; i < Lq; ++i) {
+      const bool sees_nan = i == Lq - 1;
+      EXPECT_EQ(std::isnan(lse(0, h, i)), sees_nan) << "h " << h << " i " << i;
+      EXPECT_NEAR(lse(1, h, i), expected_lse(1, h, i), default_tolerance<T>()) << "h " << h << " i " << i;
+      for (Index d = 0; d < D; ++d) {
+        EXPECT_EQ(std::isnan(out(0, h, i, d)), sees_nan) << "h " << h << " i " << i;
+        EXPECT_FALSE(std::isnan(out(1, h, i, d))) << "h " << h << " i " << i;
+        if (!sees_nan) {
+          EXPECT_NEAR(out(0, h, i, d), expected_out(0, h, i, d), default_tolerance<T>());
+        }
+        EXPECT_NEAR(out(1, h, i, d), expected_out(1, h, i, d), default_tolerance<T>());
+      }
+    }
+}
+
+// Rows that see no key through the streaming path: 0 and lse = -inf.
+TYPED_TEST(DecodeKernelTest, StreamingRowsWithoutKeysGiveZeroAndMinusInfinity) {
+  using T = TypeParam;
+  Random random(515);
+  const Index B = 2, H = 2, Hkv = 1, Lq = 1, Lk = 270, D = 16;
+  const auto q = random.normal_tensor<T, 4>({B, H, Lq, D});
+  const auto k = random.normal_tensor<T, 4>({B, Hkv, Lk, D});
+  const auto v = random.normal_tensor<T, 4>({B, Hkv, Lk, D});
+  AttentionOptions<T> opts;
+  opts.key_lengths = {0, Lk};
+  const auto params = detail::make_params<T>(q, k, v, opts);
+  Tensor<T, 4> out({B, H, Lq, D});
+  Tensor<T, 3> lse({B, H, Lq});
+  out.fill(T(1));
+  detail::decode_forward(params, detail::ForwardOutputs<T>{out.view(), lse.view(), {}}, DecodeKernel::streaming);
+  for (Index h = 0; h < H; ++h) {
+    EXPECT_EQ(lse(0, h, 0), -std::numeric_limits<T>::infinity());
+    EXPECT_TRUE(std::isfinite(lse(1, h, 0)));
+    for (Index d = 0; d < D; ++d) EXPECT_EQ(out(0, h, 0, d), T(0));
+  }
+  EXPECT_TRUE(matches_reference(params, DecodeKernel::streaming));
+}
+
+// The streaming path gives the same bits at 1 and 2 threads and on repeated calls (chunk-order merge).
+TYPED_TEST(DecodeKernelTest, StreamingResultDoesNotDependOnTheThreadCount) {
+  using T = TypeParam;
+  Random random(516);
+  const Index B = 1, H = 4, Hkv = 2, Lq = 1, Lk = 2000, D = 64;
+  const auto q = random.normal_tensor<T, 4>({B, H, Lq, D});
+  const auto k = random.normal_tensor<T, 4>({B, Hkv, Lk, D});
+  const auto v = random.normal_tensor<T, 4>({B, Hkv, Lk, D});
+  AttentionOptions<T> opts;
+  opts.alibi_slopes = alibi_slopes<T>(H);
+  const auto params = detail::make_params<T>(q, k, v, opts);
+  auto run = [&](int threads) {
+#ifdef _OPENMP
+    omp_set_num_threads(threads);
+#else
+    (void)threads;
+#endif
+    Tensor<T, 4> out({B, H, Lq, D});
+    Tensor<T, 3> lse({B, H, Lq});
+    detail::decode_forward(params, detail::ForwardOutputs<T>{out.view(), lse.view(), {}}, DecodeKernel::streaming);
+    return out;
+  };
+  const Tensor<T, 4> one = run(1), again = run(1), two = run(2);
+  EXPECT_TRUE(all_close(again, one, 0.0));
+  EXPECT_TRUE(all_close(two, one, 0.0));
+  EXPECT_TRUE(matches_reference(params, DecodeKernel::streaming));
 }
 
 }  // namespace

@@ -254,25 +254,123 @@ void grouped_decode_forward(const AttentionParams<T>& p, const ForwardOutputs<T>
   }
 }
 
-/// Which decode path decode_forward runs. automatic: grouped when it applies (grouped_decode_applies) and a key
-/// serves at least 2 query rows, else general (one row per key/value head fills one SIMD lane in 16: measured on
-/// 32k keys, 1 thread, the general path takes 5.8 ms at G = 1 against the grouped path's 7.0; at G = 2 it
-/// takes 9.9 ms against 6.7). grouped: grouped whenever it
-/// applies (tests force it for every group size); general: always the general path.
-enum class DecodeKernel { automatic, general, grouped };
+/// Keys per chunk of the streaming path: a chunk's K and V rows (D = 128, float: 128 KB each) and the next
+/// chunk's, prefetched while this one is computed, fit in L2 together; 32k keys give 128 chunks per key/value
+/// head to share among threads.
+constexpr Index streaming_decode_chunk = 256;
+
+/// Query rows per key/value head up to which decode_forward's automatic choice takes the streaming path:
+/// R = G Lq <= 3 uses at most 3 of the grouped kernel's 16 float lanes, and the step is bound by memory.
+constexpr Index streaming_decode_max_rows = 3;
+
+/// The streaming path (decode_microkernels.hpp, micro::streaming_chunk): each query row vectorised over D, K and
+/// V streamed once per chunk with the next chunk prefetched. Same conditions as the grouped path
+/// (grouped_decode_applies). Tasks are (batch, key/value head, chunk); each writes a normalised partial
+/// (out, lse), and the partials of a head are merged with merge_partial_rows in chunk order, so the result does
+/// not depend on the thread count.
+template <typename T>
+void streaming_decode_forward(const AttentionParams<T>& p, const ForwardOutputs<T>& result) {
+  const Index kv_heads = p.k.dim(1), group = p.heads() / kv_heads, rows = group * p.q_len();
+  const Index depth = p.q.dim(3), value_dim = p.value_dim();
+  const Index chunks = std::max<Index>(1, (p.k_len() + streaming_decode_chunk - 1) / streaming_decode_chunk);
+  const Index heads = p.batch() * kv_heads, tasks = heads * chunks;
+
+  std::vector<micro::StreamingQueries<T>> queries(static_cast<std::size_t>(heads));
+  for (Index b = 0; b < p.batch(); ++b)
+    for (Index hk = 0; hk < kv_heads; ++hk) {
+      micro::StreamingQueries<T>& q = queries[static_cast<std::size_t>(b * kv_heads + hk)];
+      q.rows = rows;
+      q.depth = depth;
+      q.alibi = p.mask.alibi_slopes != nullptr;
+      q.q.assign(static_cast<std::size_t>(rows * depth), T(0));
+      q.key_begin.assign(static_cast<std::size_t>(rows), 0);
+      q.key_end.assign(static_cast<std::size_t>(rows), p.k_len());
+      q.slope.assign(static_cast<std::size_t>(rows), T(0));
+      q.diagonal.assign(static_cast<std::size_t>(rows), T(0));
+      q.first_key = p.k_len();
+      q.last_key = 0;
+      q.common_begin = 0;
+      q.common_end = p.k_len();
+      for (Index r = 0; r < rows; ++r) {
+        const Index h = hk * group + r / p.q_len(), i = r % p.q_len();
+        const auto row = static_cast<std::size_t>(r);
+        for (Index d = 0; d < depth; ++d) q.q[static_cast<std::size_t>(r * depth + d)] = p.scale * p.q(b, h, i, d);
+        const KeyRange range = p.mask.key_range(b, i);
+        q.key_begin[row] = range.begin;
+        q.key_end[row] = range.end;
+        if (q.alibi) {
+          q.slope[row] = p.mask.alibi_slopes[h];
+          q.diagonal[row] = static_cast<T>(i + p.mask.offset());
+        }
+        q.first_key = std::min(q.first_key, range.begin);
+        q.last_key = std::max(q.last_key, range.end);
+        q.common_begin = std::max(q.common_begin, range.begin);
+        q.common_end = std::min(q.common_end, range.end);
+      }
+    }
+
+  // One partial per task: out (R, Dv) normalised, then lse (R).
+  const Index partial_size = rows * (value_dim + 1);
+  micro::Buffer<T> partials(static_cast<std::size_t>(tasks * partial_size));
+#ifdef _OPENMP
+#pragma omp parallel
+#endif
+  {
+    micro::Buffer<T> scores(static_cast<std::size_t>(micro::streaming_rows * streaming_decode_chunk));  // per thread
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+    for (Index task = 0; task < tasks; ++task) {
+      const Index head = task / chunks, c = task % chunks, b = head / kv_heads, hk = head % kv_heads;
+      const TensorView<const T, 2> k = p.k[b][hk], v = p.v[b][hk];
+      const Index begin = c * streaming_decode_chunk, end = std::min(p.k_len(), begin + streaming_decode_chunk);
+      T* base = partials.data() + task * partial_size;
+      micro::streaming_chunk(queries[static_cast<std::size_t>(head)], k.data(), k.stride(0), v.data(), v.stride(0),
+                             value_dim, begin, end, scores.data(), base, base + rows * value_dim);
+    }
+  }
+
+  using RowMap = Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>;
+  Eigen::Matrix<T, 1, Eigen::Dynamic> previous(value_dim);
+  for (Index head = 0; head < heads; ++head) {
+    const Index b = head / kv_heads, hk = head % kv_heads;
+    T* merged = partials.data() + head * chunks * partial_size;
+    T* merged_lse = merged + rows * value_dim;
+    for (Index c = 1; c < chunks; ++c) {
+      T* part = merged + c * partial_size;
+      for (Index r = 0; r < rows; ++r) {
+        previous = RowMap(merged + r * value_dim, value_dim);
+        merged_lse[r] = merge_partial_rows(merged_lse[r], previous, part[rows * value_dim + r],
+                                           RowMap(part + r * value_dim, value_dim),
+                                           RowMap(merged + r * value_dim, value_dim));
+      }
+    }
+    for (Index r = 0; r < rows; ++r) {
+      const Index h = hk * group + r / p.q_len(), i = r % p.q_len();
+      result.lse(b, h, i) = merged_lse[r];
+      as_vector(result.out[b][h][i]) = RowMap(merged + r * value_dim, value_dim);
+    }
+  }
+}
+
+/// Which decode path decode_forward runs, when the fast paths apply (grouped_decode_applies: no per-element
+/// mask, bias or dropout; otherwise always general). automatic: streaming when a key/value head serves at most
+/// streaming_decode_max_rows query rows (memory-bound), else grouped (the rows fill SIMD lanes). general, grouped,
+/// streaming: that path (tests force each for every group size).
+enum class DecodeKernel { automatic, general, grouped, streaming };
 
 /// The decode forward: same contract as reference_forward (no weights), split over key chunks.
 template <typename T>
 void decode_forward(const AttentionParams<T>& p, const ForwardOutputs<T>& result,
                     DecodeKernel kernel = DecodeKernel::automatic) {
   const Index rows = p.heads() / p.k.dim(1) * p.q_len();
-  const bool grouped = grouped_decode_applies(p) &&
-                       (kernel == DecodeKernel::grouped ||
-                        (kernel == DecodeKernel::automatic && rows >= 2));
-  if (grouped)
-    grouped_decode_forward(p, result);
-  else
+  if (kernel == DecodeKernel::general || !grouped_decode_applies(p))
     general_decode_forward(p, result);
+  else if (kernel == DecodeKernel::streaming ||
+           (kernel == DecodeKernel::automatic && rows <= streaming_decode_max_rows))
+    streaming_decode_forward(p, result);
+  else
+    grouped_decode_forward(p, result);
 }
 
 }  // namespace selfattn::detail
