@@ -66,6 +66,40 @@ template <typename T>
   return ::testing::AssertionSuccess();
 }
 
+// A random decode call with G = `group` query heads per key/value head and head dim `D`: B = 2, Hkv 1 or 2, Lq as
+// given (drawn from 1..4 when 0), Lk drawn from `key_counts`, and at random a value dim unlike D, bottom-right
+// causal, per-batch key lengths, a window and ALiBi. The draws keep one order, so a seeded sweep stays put.
+template <typename T>
+struct RandomDecodeCall {
+  DecodeCase c;
+  Tensor<T, 4> q, k, v;
+  AttentionOptions<T> opts;  // params() points into it: keep the call alive while they are used
+
+  RandomDecodeCall(Random& random, Index group, Index D, Index Lq, const std::vector<Index>& key_counts) {
+    c.B = 2;
+    c.Hkv = random.integer(1, 2);
+    c.H = group * c.Hkv;
+    c.Lq = Lq > 0 ? Lq : random.integer(1, 4);
+    const Index pick = random.integer(0, static_cast<Index>(key_counts.size()) - 1);
+    c.Lk = std::max(c.Lq, key_counts[static_cast<std::size_t>(pick)]);
+    c.D = D;
+    c.Dv = random.bernoulli(0.25) ? D / 2 + 3 : D;
+    c.causal = random.bernoulli(0.75) ? Causal::bottom_right : Causal::none;
+    c.key_lengths = random.bernoulli(0.5) ? std::vector<Index>{} : std::vector<Index>{c.Lk, random.integer(0, c.Lk)};
+    c.window_left = random.bernoulli(0.25) ? random.integer(0, c.Lk) : -1;
+    c.alibi = random.bernoulli(0.5);
+    q = random.normal_tensor<T, 4>({c.B, c.H, c.Lq, c.D});
+    k = random.normal_tensor<T, 4>({c.B, c.Hkv, c.Lk, c.D});
+    v = random.normal_tensor<T, 4>({c.B, c.Hkv, c.Lk, c.Dv});
+    opts.causal = c.causal;
+    opts.key_lengths = c.key_lengths;
+    opts.window_left = c.window_left;
+    if (c.alibi) opts.alibi_slopes = alibi_slopes<T>(c.H);
+  }
+
+  detail::AttentionParams<T> params() const { return detail::make_params<T>(q, k, v, opts); }
+};
+
 // Random cases: every group size G = H / Hkv in {1, 2, 4, 8, 16} with every head dim in {8, 64, 80, 128}
 // (80: not a whole number of AVX-512 packets; 8: less than one), 1 to 4 query rows, key counts around the
 // chunk edges (256), per-batch key lengths, bottom-right causal, windows and ALiBi drawn at random.
@@ -76,30 +110,11 @@ TYPED_TEST(DecodeKernelTest, GroupedPathMatchesTheReferenceOverRandomShapes) {
   int cases = 0;
   for (Index group : {1, 2, 4, 8, 16})
     for (Index D : {8, 64, 80, 128}) {
-      DecodeCase c;
-      c.B = 2;
-      c.Hkv = random.integer(1, 2);
-      c.H = group * c.Hkv;
-      c.Lq = random.integer(1, 4);
-      c.Lk = std::max(c.Lq, key_counts[static_cast<std::size_t>(random.integer(0, 8))]);
-      c.D = D;
-      c.Dv = random.bernoulli(0.25) ? D / 2 + 3 : D;
-      c.causal = random.bernoulli(0.75) ? Causal::bottom_right : Causal::none;
-      c.key_lengths = random.bernoulli(0.5) ? std::vector<Index>{} : std::vector<Index>{c.Lk, random.integer(0, c.Lk)};
-      c.window_left = random.bernoulli(0.25) ? random.integer(0, c.Lk) : -1;
-      c.alibi = random.bernoulli(0.5);
-      const auto q = random.normal_tensor<T, 4>({c.B, c.H, c.Lq, c.D});
-      const auto k = random.normal_tensor<T, 4>({c.B, c.Hkv, c.Lk, c.D});
-      const auto v = random.normal_tensor<T, 4>({c.B, c.Hkv, c.Lk, c.Dv});
-      AttentionOptions<T> opts;
-      opts.causal = c.causal;
-      opts.key_lengths = c.key_lengths;
-      opts.window_left = c.window_left;
-      if (c.alibi) opts.alibi_slopes = alibi_slopes<T>(c.H);
-      const auto params = detail::make_params<T>(q, k, v, opts);
+      const RandomDecodeCall<T> call(random, group, D, 0, key_counts);
+      const auto params = call.params();
       ASSERT_TRUE(detail::grouped_decode_applies(params));
-      EXPECT_TRUE(matches_reference(params, DecodeKernel::grouped)) << c.describe();
-      EXPECT_TRUE(matches_reference(params, DecodeKernel::automatic)) << c.describe();
+      EXPECT_TRUE(matches_reference(params, DecodeKernel::grouped)) << call.c.describe();
+      EXPECT_TRUE(matches_reference(params, DecodeKernel::automatic)) << call.c.describe();
       ++cases;
     }
   EXPECT_EQ(cases, 20);
@@ -264,31 +279,11 @@ TYPED_TEST(DecodeKernelTest, StreamingPathMatchesTheReferenceOverRandomShapes) {
   for (Index group : {1, 2, 3})
     for (Index D : {8, 64, 80, 128})
       for (Index Lq = 1; Lq <= 4; ++Lq) {
-        DecodeCase c;
-        c.B = 2;
-        c.Hkv = random.integer(1, 2);
-        c.H = group * c.Hkv;
-        c.Lq = Lq;
-        c.Lk = std::max(c.Lq, key_counts[static_cast<std::size_t>(random.integer(0, 9))]);
-        c.D = D;
-        c.Dv = random.bernoulli(0.25) ? D / 2 + 3 : D;
-        c.causal = random.bernoulli(0.75) ? Causal::bottom_right : Causal::none;
-        c.key_lengths =
-            random.bernoulli(0.5) ? std::vector<Index>{} : std::vector<Index>{c.Lk, random.integer(0, c.Lk)};
-        c.window_left = random.bernoulli(0.25) ? random.integer(0, c.Lk) : -1;
-        c.alibi = random.bernoulli(0.5);
-        const auto q = random.normal_tensor<T, 4>({c.B, c.H, c.Lq, c.D});
-        const auto k = random.normal_tensor<T, 4>({c.B, c.Hkv, c.Lk, c.D});
-        const auto v = random.normal_tensor<T, 4>({c.B, c.Hkv, c.Lk, c.Dv});
-        AttentionOptions<T> opts;
-        opts.causal = c.causal;
-        opts.key_lengths = c.key_lengths;
-        opts.window_left = c.window_left;
-        if (c.alibi) opts.alibi_slopes = alibi_slopes<T>(c.H);
-        const auto params = detail::make_params<T>(q, k, v, opts);
+        const RandomDecodeCall<T> call(random, group, D, Lq, key_counts);
+        const auto params = call.params();
         ASSERT_TRUE(detail::grouped_decode_applies(params));
-        EXPECT_TRUE(matches_reference(params, DecodeKernel::streaming)) << c.describe();
-        EXPECT_TRUE(matches_reference(params, DecodeKernel::automatic)) << c.describe();
+        EXPECT_TRUE(matches_reference(params, DecodeKernel::streaming)) << call.c.describe();
+        EXPECT_TRUE(matches_reference(params, DecodeKernel::automatic)) << call.c.describe();
         ++cases;
       }
   EXPECT_EQ(cases, 48);
