@@ -1,7 +1,7 @@
 // Tests of dropout.hpp: the counter-based stream is a pure function of (seed, b, h, i, j), uniform, and
 // sensitive to every part of its key.
 #include <selfattn/attention.hpp>
-#include <selfattn/dropout.hpp>
+#include <selfattn/detail/dropout.hpp>
 
 #include <gtest/gtest.h>
 

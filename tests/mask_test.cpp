@@ -1,6 +1,6 @@
 // Tests of mask.hpp: the key range of the structural masks and the per-element terms, checked against
 // the definitions in API.md one mask at a time.
-#include <selfattn/mask.hpp>
+#include <selfattn/detail/mask.hpp>
 
 #include "support/brute_force.hpp"
 #include "support/random.hpp"

@@ -20,13 +20,11 @@
 #pragma once
 
 #include <selfattn/attention.hpp>
-#include <selfattn/dropout.hpp>
 #include <selfattn/errors.hpp>
 #include <selfattn/heads.hpp>
 #include <selfattn/heatmap.hpp>
-#include <selfattn/kv_cache.hpp>
-#include <selfattn/mask.hpp>
-#include <selfattn/multihead.hpp>
+#include <selfattn/nn/kv_cache.hpp>
+#include <selfattn/nn/multihead.hpp>
 #include <selfattn/npy.hpp>
 #include <selfattn/options.hpp>
 #include <selfattn/positional.hpp>

@@ -20,7 +20,7 @@
 #pragma once
 
 #include <selfattn/errors.hpp>
-#include <selfattn/multihead.hpp>
+#include <selfattn/nn/multihead.hpp>
 #include <selfattn/npy.hpp>
 #include <selfattn/tensor.hpp>
 

@@ -34,8 +34,8 @@
 
 #include <selfattn/detail/microkernels.hpp>
 #include <selfattn/detail/reference.hpp>
-#include <selfattn/dropout.hpp>
-#include <selfattn/mask.hpp>
+#include <selfattn/detail/dropout.hpp>
+#include <selfattn/detail/mask.hpp>
 #include <selfattn/tensor.hpp>
 
 #include <algorithm>

@@ -4,8 +4,8 @@
 // (batch, head) at a time and runs the three passes of softmax attention in plain sight.
 #pragma once
 
-#include <selfattn/dropout.hpp>
-#include <selfattn/mask.hpp>
+#include <selfattn/detail/dropout.hpp>
+#include <selfattn/detail/mask.hpp>
 #include <selfattn/tensor.hpp>
 
 #include <array>

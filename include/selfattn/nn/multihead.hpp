@@ -12,7 +12,7 @@
 #include <selfattn/attention.hpp>
 #include <selfattn/errors.hpp>
 #include <selfattn/heads.hpp>
-#include <selfattn/kv_cache.hpp>
+#include <selfattn/nn/kv_cache.hpp>
 #include <selfattn/options.hpp>
 #include <selfattn/positional.hpp>
 #include <selfattn/projection.hpp>
