@@ -363,7 +363,7 @@ void print_attention_vs_saliency(const Pass& p, const Tensor<T, 3>& dx) {
   }
 }
 
-// Two panels (selfattn/heatmap.hpp), one colour scale: the "it" row of every head (rows = heads, columns =
+// Two panels (selfattn/plot/heatmap.hpp), one colour scale: the "it" row of every head (rows = heads, columns =
 // key tokens), then the full (L, L) attention of the head that resolves "it" (rows = queries, columns = keys),
 // its "it" row outlined; the antecedent's label in bold. The CSV holds that head's (L, L) weights.
 void write_pictures(const std::string& svg, const std::string& csv, const Pass& p, int head) {

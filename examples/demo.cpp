@@ -152,7 +152,7 @@ int main(int argc, char** argv) {
   std::printf("\n");
   print_heatmap(w, kShownHead);
   const std::string title = "\"the cat sat on the mat\": causal attention, head " + std::to_string(kShownHead);
-  HeatmapOptions picture;  // selfattn/heatmap.hpp: labels on both axes, a colour scale, masked cells hatched
+  HeatmapOptions picture;  // selfattn/plot/heatmap.hpp: labels on both axes, a colour scale, masked cells hatched
   picture.title = title;
   picture.zero_is_masked = true;  // a causal forward gives its masked keys exactly 0
   try {

@@ -32,7 +32,7 @@ int main() {
     for (Index j = 0; j < 6; ++j) std::printf(" %.3f", static_cast<double>(fwd.weights(0, 0, i, j)));
     std::printf("\n");
   }
-  // The same weights as pictures (selfattn/heatmap.hpp): all heads as an SVG grid, head 0 as CSV.
+  // The same weights as pictures (selfattn/plot/heatmap.hpp): all heads as an SVG grid, head 0 as CSV.
   const std::vector<std::string> tokens{"t0", "t1", "t2", "t3", "t4", "t5"};
   HeatmapOptions picture;
   picture.title = "causal self-attention, every head";

@@ -1,4 +1,4 @@
-// Pictures of attention (selfattn/heatmap.hpp): the SVG is well-formed XML with one cell per weight, escaped
+// Pictures of attention (selfattn/plot/heatmap.hpp): the SVG is well-formed XML with one cell per weight, escaped
 // labels, a colour scale, masked and NaN cells marked; the CSV reads back exactly; wrong label counts and
 // options are rejected; and rsvg-convert (Debian librsvg2-bin) rasterises what we write but refuses a broken
 // file, so the rasterisation check can fail.
@@ -13,7 +13,7 @@
 #include <limits>
 #include <random>
 #include <regex>
-#include <selfattn/heatmap.hpp>
+#include <selfattn/plot/heatmap.hpp>
 #include <set>
 #include <sstream>
 #include <string>

@@ -1,6 +1,6 @@
-// tests/npy_test.cpp — selfattn/npy.hpp: files written by NumPy (tests/fixtures/npy, made by make_fixtures.py),
+// tests/npy_test.cpp — selfattn/io/npy.hpp: files written by NumPy (tests/fixtures/npy, made by make_fixtures.py),
 // round trips through our writer, and every malformed case giving FormatError, never a crash.
-#include <selfattn/npy.hpp>
+#include <selfattn/io/npy.hpp>
 
 #include "support/expect_error.hpp"
 #include "support/random.hpp"

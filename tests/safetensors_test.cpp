@@ -1,7 +1,7 @@
-// tests/safetensors_test.cpp — selfattn/safetensors.hpp: the file PyTorch's side wrote
+// tests/safetensors_test.cpp — selfattn/io/safetensors.hpp: the file PyTorch's side wrote
 // (examples/from_pytorch/data, by save_mha.py), round trips through SafetensorsWriter, F16/BF16 conversion,
 // and every malformed case giving FormatError, never a crash. Skipped without nlohmann/json.
-#include <selfattn/safetensors.hpp>
+#include <selfattn/io/safetensors.hpp>
 
 #include <gtest/gtest.h>
 
@@ -249,6 +249,6 @@ TEST(SafetensorsMalformed, CorruptedBytesNeverCrash) {
 
 #else
 
-TEST(Safetensors, SkippedWithoutNlohmannJson) { GTEST_SKIP() << "nlohmann/json.hpp not found: safetensors.hpp is empty"; }
+TEST(Safetensors, SkippedWithoutNlohmannJson) { GTEST_SKIP() << "nlohmann/json.hpp not found: io/safetensors.hpp is empty"; }
 
 #endif

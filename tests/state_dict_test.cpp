@@ -1,8 +1,8 @@
-// tests/state_dict_test.cpp — selfattn/state_dict.hpp: nn.MultiheadAttention's state-dict names mapped to
+// tests/state_dict_test.cpp — selfattn/io/state_dict.hpp: nn.MultiheadAttention's state-dict names mapped to
 // MhaParams and back, the PyTorch module saved by examples/from_pytorch/save_mha.py reproduced from its .npy
 // export, and every mapping error naming its key.
 #include <selfattn/selfattn.hpp>
-#include <selfattn/state_dict.hpp>
+#include <selfattn/io/state_dict.hpp>
 
 #include "support/expect_error.hpp"
 #include "support/random.hpp"

@@ -8,10 +8,10 @@
 // cross-attention with kdim/vdim, under the prefix "decoder.cross_attn.") and, once more, from a directory of
 // .npy files (mha_npy/). Prints the maximum absolute difference of each output against PyTorch's and exits
 // with 1 if any exceeds 1e-6 (float32 on both sides).
-#include <selfattn/npy.hpp>
-#include <selfattn/safetensors.hpp>
+#include <selfattn/io/npy.hpp>
+#include <selfattn/io/safetensors.hpp>
+#include <selfattn/io/state_dict.hpp>
 #include <selfattn/selfattn.hpp>
-#include <selfattn/state_dict.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -22,12 +22,13 @@
 #include <selfattn/attention.hpp>
 #include <selfattn/errors.hpp>
 #include <selfattn/heads.hpp>
-#include <selfattn/heatmap.hpp>
+#include <selfattn/io/npy.hpp>
+#include <selfattn/io/state_dict.hpp>  // not io/safetensors.hpp: it needs nlohmann/json, include it yourself
+#include <selfattn/merge.hpp>
 #include <selfattn/nn/kv_cache.hpp>
 #include <selfattn/nn/multihead.hpp>
-#include <selfattn/npy.hpp>
 #include <selfattn/options.hpp>
+#include <selfattn/plot/heatmap.hpp>
 #include <selfattn/positional.hpp>
 #include <selfattn/projection.hpp>
-#include <selfattn/state_dict.hpp>  // not safetensors.hpp: it needs nlohmann/json, include it yourself
 #include <selfattn/tensor.hpp>

@@ -4,9 +4,9 @@
 // (FormatError, ShapeError) or return arrays whose element count matches their shape; an accepted .npy must
 // survive encode -> parse bit for bit. Any other exception, a crash or a sanitizer report is a finding.
 // Built like attention_fuzz.cpp (tests/fuzz/CMakeLists.txt): libFuzzer binary and corpus replay.
-#include <selfattn/npy.hpp>
-#include <selfattn/safetensors.hpp>
-#include <selfattn/state_dict.hpp>
+#include <selfattn/io/npy.hpp>
+#include <selfattn/io/safetensors.hpp>
+#include <selfattn/io/state_dict.hpp>
 
 #include <cstdio>
 #include <cstdlib>

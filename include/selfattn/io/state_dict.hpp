@@ -1,7 +1,7 @@
 /// \file
 /// PyTorch state dicts: `nn.MultiheadAttention`'s parameter names mapped to and from MhaParams, and state
 /// dicts loaded from a directory of `.npy` files named after the keys. (Loading one from a `.safetensors`
-/// file is in safetensors.hpp, which needs nlohmann/json: `read_state_dict_safetensors`.)
+/// file is in io/safetensors.hpp, which needs nlohmann/json: `read_state_dict_safetensors`.)
 ///
 /// The names, for a module with embed_dim E, kdim, vdim (PyTorch's `_qkv_same_embed_dim` is kdim == vdim == E):
 ///
@@ -20,8 +20,8 @@
 #pragma once
 
 #include <selfattn/errors.hpp>
+#include <selfattn/io/npy.hpp>
 #include <selfattn/nn/multihead.hpp>
-#include <selfattn/npy.hpp>
 #include <selfattn/tensor.hpp>
 
 #include <algorithm>

@@ -22,7 +22,7 @@
 #pragma once
 
 #include <selfattn/errors.hpp>
-#include <selfattn/npy.hpp>
+#include <selfattn/io/npy.hpp>
 #include <selfattn/tensor.hpp>
 
 #if __has_include(<nlohmann/json.hpp>)
@@ -41,7 +41,7 @@
 #include <utility>
 #include <vector>
 
-/// 1 when `<nlohmann/json.hpp>` is available and selfattn/safetensors.hpp defines its API, else 0.
+/// 1 when `<nlohmann/json.hpp>` is available and selfattn/io/safetensors.hpp defines its API, else 0.
 #define SELFATTN_HAS_SAFETENSORS 1
 
 namespace selfattn {
@@ -416,6 +416,6 @@ StateDict<T> read_state_dict_safetensors(const std::string& path, const std::str
 }  // namespace selfattn
 
 #else
-/// 0: `<nlohmann/json.hpp>` is not available, so selfattn/safetensors.hpp defines nothing else.
+/// 0: `<nlohmann/json.hpp>` is not available, so selfattn/io/safetensors.hpp defines nothing else.
 #define SELFATTN_HAS_SAFETENSORS 0
 #endif

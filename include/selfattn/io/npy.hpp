@@ -63,7 +63,7 @@ struct NdArray {
 };
 
 /// \brief A state dict: parameter name -> dynamic-rank array, as PyTorch's `module.state_dict()` holds them
-/// (see state_dict.hpp for nn.MultiheadAttention's names).
+/// (see io/state_dict.hpp for nn.MultiheadAttention's names).
 template <typename T>
 using StateDict = std::map<std::string, NdArray<T>>;
 
