@@ -1,5 +1,5 @@
 /// \file
-/// ShapeError and the checks every public entry runs before it computes anything.
+/// ShapeError (defined in shape_error.hpp) and the checks every public entry runs before it computes anything.
 ///
 /// Messages follow one pattern so a user can find the culprit at a glance:
 /// \code{.unparsed}
@@ -8,6 +8,7 @@
 /// (`*` is "any extent"). Kernels never throw: they run after these checks.
 #pragma once
 
+#include <selfattn/shape_error.hpp>
 #include <selfattn/tensor.hpp>
 
 #include <array>
@@ -15,25 +16,6 @@
 #include <string>
 
 namespace selfattn {
-
-/// \brief Thrown for a tensor argument of the wrong shape, rank or head count; an `std::invalid_argument`.
-///
-/// The message names the function, the argument, the expected and the actual shape. Value errors (a key
-/// length out of range, a bad window, scale or dropout rate) are plain `std::invalid_argument`, so
-/// `catch (const std::invalid_argument&)` catches both.
-/// \code
-/// Tensor<float, 4> q({2, 4, 5, 8}), k({2, 2, 6, 7}), v({2, 2, 6, 3});
-/// try {
-///   sdpa_forward(q, k, v);
-/// } catch (const ShapeError& e) {
-///   std::puts(e.what());   // [sdpa_forward] k: expected shape (2, *, *, 8), got (2, 2, 6, 7)
-/// }
-/// \endcode
-class ShapeError : public std::invalid_argument {
- public:
-  /// Constructs the error from its message (the constructors of std::invalid_argument).
-  using std::invalid_argument::invalid_argument;
-};
 
 namespace detail {
 

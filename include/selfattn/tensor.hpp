@@ -1,11 +1,13 @@
 /// \file
-/// Index, Tensor (owning) and TensorView (strided, non-owning), and row-major
-/// Eigen maps of their 2-D slices.
+/// Index, Tensor (owning) and TensorView (strided, non-owning), row-major Eigen maps of their 2-D slices and
+/// views of row-major Eigen matrices, and the element-wise sum of two tensors (`+`, `+=`).
 ///
 /// Both are row-major. A view's last dimension is always contiguous (stride 1) so that every row is an
 /// Eigen vector and every 2-D slice is an Eigen matrix with an outer stride; the other strides are
 /// free (non-negative), which is what lets split_heads and permute be views instead of copies.
 #pragma once
+
+#include <selfattn/shape_error.hpp>
 
 #include <Eigen/Core>
 
@@ -418,6 +420,72 @@ VectorMap<T> as_vector(const TensorView<T, 1>& view) {
   return VectorMap<T>(view.data(), view.dim(0));
 }
 
+// ---- Views of row-major Eigen matrices ----------------------------------------------------------
+
+namespace detail {
+
+/// The element type of a view of an Eigen expression: const unless the expression is writable.
+template <typename Derived>
+using eigen_view_element =
+    std::conditional_t<bool(Derived::Flags & Eigen::LvalueBit), typename Derived::Scalar, const typename Derived::Scalar>;
+
+/// A (rows, cols) view of an Eigen expression with storage, after the compile-time checks of as_view. The
+/// checks come first, so that a wrong argument fails on their sentence rather than deep inside Eigen.
+template <typename Element, typename Derived>
+TensorView<Element, 2> view_of_eigen(const Eigen::DenseBase<Derived>& matrix) {
+  constexpr bool has_storage = bool(Derived::Flags & Eigen::DirectAccessBit);
+  constexpr bool row_major = bool(Derived::Flags & Eigen::RowMajorBit);
+  static_assert(has_storage,
+                "selfattn::as_view: the Eigen expression has no storage of its own (a product, a sum...): evaluate it "
+                "into a RowMajorMatrix<T> first");
+  static_assert(!has_storage || row_major,
+                "selfattn::as_view: the Eigen matrix is column-major (Eigen's default), but a TensorView is row-major: "
+                "viewing it would silently transpose it. Use RowMajorMatrix<T> (Eigen::RowMajor) or copy it into one");
+  static_assert(Derived::InnerStrideAtCompileTime == 1 || Derived::InnerStrideAtCompileTime == Eigen::Dynamic,
+                "selfattn::as_view: the elements of a row must be contiguous (inner stride 1)");
+  if constexpr (has_storage && row_major) {
+    const Derived& m = matrix.derived();
+    if (m.cols() > 1 && m.innerStride() != 1)
+      throw std::invalid_argument("selfattn::as_view: the elements of a row must be contiguous (inner stride 1), got " +
+                                  std::to_string(m.innerStride()));
+    const Index rows = m.rows(), cols = m.cols();
+    // The non-const overload passes a writable matrix as const: its data may be written again.
+    const Index row_stride = rows > 1 ? Index(m.outerStride()) : cols;
+    return TensorView<Element, 2>(const_cast<Element*>(m.data()), {rows, cols}, {row_stride, 1});
+  } else {
+    return {};
+  }
+}
+
+}  // namespace detail
+
+/// \brief A (rows, cols) view of a row-major Eigen matrix, map or block: the reverse of as_matrix.
+///
+/// Writes through the view change the matrix (a const matrix, or a map of const data, gives a
+/// `TensorView<const T, 2>`). Column-major storage (Eigen's default, `Eigen::MatrixXf`) does not compile: a
+/// row-major view of it would silently be the transpose. Nor do expressions without storage (products, sums);
+/// a temporary matrix is refused too, since the view would dangle.
+///
+/// Shapes: matrix (rows, cols), row stride `outerStride()` -> a (rows, cols) view with strides (outerStride, 1).
+/// \code
+/// RowMajorMatrix<float> m(4, 8);
+/// TensorView<float, 2> v = as_view(m);                        // (4, 8), shares m's memory
+/// TensorView<float, 2> b = as_view(m.block(1, 2, 2, 3));      // (2, 3), strides (8, 1)
+/// // as_view(Eigen::MatrixXf(4, 8));   // does not compile: column-major (and a temporary)
+/// \endcode
+template <typename Derived>
+TensorView<detail::eigen_view_element<Derived>, 2> as_view(Eigen::DenseBase<Derived>& matrix) {
+  return detail::view_of_eigen<detail::eigen_view_element<Derived>>(matrix);
+}
+/// \overload
+template <typename Derived>
+TensorView<const typename Derived::Scalar, 2> as_view(const Eigen::DenseBase<Derived>& matrix) {
+  return detail::view_of_eigen<const typename Derived::Scalar>(matrix);
+}
+/// A view of a temporary matrix would dangle: keep the matrix in a variable.
+template <typename Derived>
+void as_view(Eigen::PlainObjectBase<Derived>&& matrix) = delete;
+
 // ---- Generic access for public functions ---------------------------------------------------------
 
 namespace detail {
@@ -459,5 +527,160 @@ TensorView<const std::remove_const_t<T>, R> const_view(const TensorView<T, R>& x
 }
 
 }  // namespace detail
+
+// ---- Element-wise sum ---------------------------------------------------------------------------
+
+namespace detail {
+
+/// Whether X (after decay) is a Tensor or TensorView: the operators below take nothing else.
+template <typename X>
+constexpr bool is_tensor = tensor_traits<std::decay_t<X>>::is_tensor;
+
+/// Calls `f(offsets)` at the first element of every row (last dimension) of N views of one shape, in
+/// row-major order; `offsets[n]` is in elements of view n, whose strides are `strides[n]`. Nothing when empty.
+template <int Rank, std::size_t N, typename F>
+void for_each_row(const std::array<Index, Rank>& shape, const std::array<std::array<Index, Rank>, N>& strides, F&& f) {
+  for (Index extent : shape)
+    if (extent == 0) return;
+  std::array<Index, Rank> at{};
+  std::array<Index, N> offsets{};
+  while (true) {
+    f(offsets);
+    int d = Rank - 2;  // odometer over every dimension but the last
+    for (; d >= 0; --d) {
+      const auto du = static_cast<std::size_t>(d);
+      for (std::size_t n = 0; n < N; ++n) offsets[n] += strides[n][du];
+      if (++at[du] < shape[du]) break;
+      for (std::size_t n = 0; n < N; ++n) offsets[n] -= shape[du] * strides[n][du];
+      at[du] = 0;
+    }
+    if (d < 0) return;
+  }
+}
+
+/// Whether `+` and `+=` accept X and Y: one element type and one rank (the operators' static_asserts say so in
+/// a sentence, and compile nothing else after them).
+template <typename X, typename Y>
+constexpr bool same_tensor_kind = std::is_same_v<scalar_of<X>, scalar_of<Y>> &&
+                                  tensor_traits<std::decay_t<X>>::rank == tensor_traits<std::decay_t<Y>>::rank;
+/// Whether the element type of X is a number that `+` makes sense for (not bool).
+template <typename X>
+constexpr bool summable = std::is_arithmetic_v<scalar_of<X>> && !std::is_same_v<scalar_of<X>, bool>;
+
+/// Throws ShapeError unless `rhs` has the shape of `lhs`.
+template <int Rank>
+void check_same_shape(const char* function, const std::array<Index, Rank>& lhs, const std::array<Index, Rank>& rhs) {
+  if (lhs != rhs)
+    throw ShapeError(std::string("[") + function + "] rhs: expected shape " + shape_string<Rank>(lhs) +
+                     " (that of lhs), got " + shape_string<Rank>(rhs));
+}
+
+/// lhs += rhs element by element, after the shape and overlap checks.
+template <typename T, int Rank>
+void add_in_place(const TensorView<T, Rank>& lhs, const TensorView<const T, Rank>& rhs) {
+  check_same_shape<Rank>("operator+=", lhs.shape(), rhs.shape());
+  if (overlaps_itself(lhs))
+    throw std::invalid_argument("[operator+=] lhs: two of its indices reach the same element (a stride 0 or "
+                                "overlapping rows), which would be added to twice");
+  if (overlaps(lhs, rhs) && !(lhs.data() == rhs.data() && lhs.strides() == rhs.strides()))
+    throw std::invalid_argument("[operator+=] rhs: overlaps lhs in another layout; copy it to a separate tensor first");
+  const Index n = lhs.dim(Rank - 1);
+  for_each_row<Rank, 2>(lhs.shape(), {lhs.strides(), rhs.strides()}, [&](const std::array<Index, 2>& at) {
+    T* out = lhs.data() + at[0];
+    const T* in = rhs.data() + at[1];
+    for (Index j = 0; j < n; ++j) out[j] += in[j];
+  });
+}
+
+}  // namespace detail
+
+/// \brief Adds `rhs` to `lhs` element by element, in place; both of one shape (any strides for `rhs`).
+///
+/// `rhs` is a Tensor or TensorView of the same element type and rank. Throws ShapeError naming `rhs` when the
+/// shapes differ, and std::invalid_argument when `rhs` overlaps `lhs` in another layout (`x += x` is fine).
+///
+/// Shapes: lhs (any), rhs (the same).
+/// \code
+/// auto g = mha.backward(dout, fwd);         // self-attention: x was query, key and value
+/// g.d_query += g.d_key;
+/// g.d_query += g.d_value;                   // the gradient of x
+/// \endcode
+template <typename T, int Rank, typename X, typename = std::enable_if_t<detail::is_tensor<X>>>
+Tensor<T, Rank>& operator+=(Tensor<T, Rank>& lhs, const X& rhs) {
+  static_assert(detail::same_tensor_kind<Tensor<T, Rank>, X>,
+                "selfattn: + and += need two Tensor or TensorView operands of the same element type and rank");
+  static_assert(detail::summable<X>, "selfattn: + and += need numbers (float, double, integers), not bool");
+  if constexpr (detail::same_tensor_kind<Tensor<T, Rank>, X> && detail::summable<X>)
+    detail::add_in_place<T, Rank>(lhs.view(), detail::const_view(rhs));
+  return lhs;
+}
+
+/// \brief Adds `rhs` to the elements a view `lhs` shows (writing through it), element by element.
+///
+/// As for a Tensor; in addition throws std::invalid_argument when two indices of `lhs` reach one element (a
+/// stride 0), which would be added to twice. Returns `lhs`.
+///
+/// Shapes: lhs (any), rhs (the same).
+/// \code
+/// Tensor<float, 3> x({2, 4, 8}), y({4, 8});
+/// x[1] += y;                               // adds y to batch 1 of x
+/// \endcode
+template <typename T, int Rank, typename X, typename = std::enable_if_t<detail::is_tensor<X>>>
+TensorView<T, Rank> operator+=(const TensorView<T, Rank>& lhs, const X& rhs) {
+  static_assert(!std::is_const_v<T>, "selfattn: += cannot write through a TensorView of const elements");
+  static_assert(detail::same_tensor_kind<TensorView<T, Rank>, X>,
+                "selfattn: + and += need two Tensor or TensorView operands of the same element type and rank");
+  static_assert(detail::summable<X>, "selfattn: + and += need numbers (float, double, integers), not bool");
+  if constexpr (!std::is_const_v<T> && detail::same_tensor_kind<TensorView<T, Rank>, X> && detail::summable<X>)
+    detail::add_in_place<std::remove_const_t<T>, Rank>(lhs, detail::const_view(rhs));
+  return lhs;
+}
+
+/// \brief The element-wise sum of two tensors of one shape, as a new contiguous Tensor.
+///
+/// Each operand is a Tensor or TensorView (any strides) of the same element type and rank. Throws ShapeError
+/// naming `rhs` when the shapes differ.
+///
+/// Shapes: lhs (any), rhs (the same) -> a Tensor of that shape.
+/// \code
+/// Tensor<float, 3> dx = g.d_query + g.d_key + g.d_value;   // self-attention's input gradient
+/// \endcode
+template <typename X, typename Y,
+          typename = std::enable_if_t<detail::is_tensor<X> && detail::is_tensor<Y>>>
+Tensor<detail::scalar_of<X>, detail::tensor_traits<std::decay_t<X>>::rank> operator+(const X& lhs, const Y& rhs) {
+  static_assert(detail::same_tensor_kind<X, Y>,
+                "selfattn: + and += need two Tensor or TensorView operands of the same element type and rank");
+  static_assert(detail::summable<X>, "selfattn: + and += need numbers (float, double, integers), not bool");
+  using T = detail::scalar_of<X>;
+  constexpr int Rank = detail::tensor_traits<std::decay_t<X>>::rank;
+  Tensor<T, Rank> sum;
+  if constexpr (detail::same_tensor_kind<X, Y> && detail::summable<X>) {
+    const TensorView<const T, Rank> a = detail::const_view(lhs), b = detail::const_view(rhs);
+    detail::check_same_shape<Rank>("operator+", a.shape(), b.shape());
+    sum = Tensor<T, Rank>(a.shape());
+    const Index n = a.dim(Rank - 1);
+    const std::array<std::array<Index, Rank>, 3> strides{sum.strides(), a.strides(), b.strides()};
+    detail::for_each_row<Rank, 3>(a.shape(), strides, [&](const std::array<Index, 3>& at) {
+      T* out = sum.data() + at[0];
+      const T* x = a.data() + at[1];
+      const T* y = b.data() + at[2];
+      for (Index j = 0; j < n; ++j) out[j] = x[j] + y[j];
+    });
+  }
+  return sum;
+}
+/// \overload
+/// A temporary left operand (`a + b + c`) is reused as the result instead of allocating another tensor.
+template <typename T, int Rank, typename Y, typename = std::enable_if_t<detail::is_tensor<Y>>>
+Tensor<T, Rank> operator+(Tensor<T, Rank>&& lhs, const Y& rhs) {
+  static_assert(detail::same_tensor_kind<Tensor<T, Rank>, Y>,
+                "selfattn: + and += need two Tensor or TensorView operands of the same element type and rank");
+  static_assert(detail::summable<Y>, "selfattn: + and += need numbers (float, double, integers), not bool");
+  if constexpr (detail::same_tensor_kind<Tensor<T, Rank>, Y> && detail::summable<Y>) {
+    detail::check_same_shape<Rank>("operator+", lhs.shape(), detail::const_view(rhs).shape());
+    lhs += rhs;
+  }
+  return std::move(lhs);
+}
 
 }  // namespace selfattn
