@@ -1,5 +1,6 @@
 // tests/heads_test.cpp — split_heads (a zero-copy view (B, L, H * D) -> (B, H, L, D)) and merge_heads
-// (its inverse, a copy), on contiguous, strided and permuted inputs, with errors and empty extents.
+// (its inverse, a copy), on contiguous, strided and permuted inputs, with errors and empty extents; and
+// average_heads (the mean over heads of attention weights, PyTorch's average_attn_weights=True).
 #include <selfattn/heads.hpp>
 
 #include "support/compare.hpp"
@@ -216,6 +217,76 @@ TYPED_TEST(HeadsTest, EmptyExtents) {
   const TensorView<T, 4> h3 = split_heads(no_columns, 4);
   EXPECT_EQ(h3.shape(), (std::array<Index, 4>{2, 4, 3, 0}));
   EXPECT_EQ(merge_heads(h3).shape(), (std::array<Index, 3>{2, 3, 0}));
+}
+
+// ---- average_heads --------------------------------------------------------------------------------
+
+TYPED_TEST(HeadsTest, AverageHeadsIsTheMeanOverDimensionOne) {
+  using T = TypeParam;
+  Random random(11);
+  const Tensor<T, 4> w = random.uniform_tensor<T, 4>({2, 3, 4, 5}, 0.0, 1.0);
+  const Tensor<T, 3> mean = average_heads(w);
+  ASSERT_EQ(mean.shape(), (std::array<Index, 3>{2, 4, 5}));
+  for (Index b = 0; b < 2; ++b)
+    for (Index i = 0; i < 4; ++i)
+      for (Index j = 0; j < 5; ++j) {
+        const T expected = (w(b, 0, i, j) + w(b, 1, i, j) + w(b, 2, i, j)) / T(3);  // torch: w.mean(dim=1)
+        EXPECT_EQ(mean(b, i, j), expected) << "at (" << b << ", " << i << ", " << j << ")";
+      }
+  // A view gives the same, const or not.
+  EXPECT_TRUE(all_close(average_heads(TensorView<const T, 4>(w)), mean, 0.0));
+  Tensor<T, 4> copy = w;
+  EXPECT_TRUE(all_close(average_heads(copy.view()), mean, 0.0));
+}
+
+TYPED_TEST(HeadsTest, AverageHeadsKeepsRowsThatSumToOne) {
+  using T = TypeParam;
+  // Softmax-like rows per head (each sums to 1) average to rows that sum to 1; a masked column (0 in every
+  // head) stays exactly 0.
+  Random random(12);
+  Tensor<T, 4> w({1, 4, 3, 6});
+  for (Index h = 0; h < 4; ++h)
+    for (Index i = 0; i < 3; ++i) {
+      T total = 0;
+      for (Index j = 0; j < 5; ++j) total += (w(0, h, i, j) = static_cast<T>(random.uniform(0.1, 1.0)));
+      for (Index j = 0; j < 5; ++j) w(0, h, i, j) /= total;  // column 5 stays 0
+    }
+  const Tensor<T, 3> mean = average_heads(w);
+  for (Index i = 0; i < 3; ++i) {
+    T row = 0;
+    for (Index j = 0; j < 6; ++j) row += mean(0, i, j);
+    EXPECT_NEAR(static_cast<double>(row), 1.0, 1e-6);
+    EXPECT_EQ(mean(0, i, 5), T(0));
+  }
+}
+
+TYPED_TEST(HeadsTest, AverageHeadsOfStridedViewsAndOneHead) {
+  using T = TypeParam;
+  Random random(13);
+  // (B, Lq, H, Lk) storage viewed as (B, H, Lq, Lk): the heads are strided.
+  const Tensor<T, 4> storage = random.normal_tensor<T, 4>({2, 3, 2, 4});
+  const TensorView<const T, 4> w = TensorView<const T, 4>(storage).permute({0, 2, 1, 3});
+  const Tensor<T, 3> mean = average_heads(w);
+  for (Index b = 0; b < 2; ++b)
+    for (Index i = 0; i < 3; ++i)
+      for (Index j = 0; j < 4; ++j) EXPECT_EQ(mean(b, i, j), (storage(b, i, 0, j) + storage(b, i, 1, j)) / T(2));
+  // H = 1: the weights themselves.
+  const Tensor<T, 4> single = random.normal_tensor<T, 4>({2, 1, 3, 3});
+  const Tensor<T, 3> same = average_heads(single);
+  for (Index n = 0; n < same.size(); ++n) EXPECT_EQ(same.data()[n], single.data()[n]);
+}
+
+TYPED_TEST(HeadsTest, AverageHeadsShapesAndErrors) {
+  using T = TypeParam;
+  // No head to average over: a ShapeError naming the argument.
+  const Tensor<T, 4> no_heads({2, 0, 3, 3});
+  expect_error<ShapeError>([&] { (void)average_heads(no_heads); },
+                           {"[average_heads]", "weights", "at least one head", "(2, 0, 3, 3)"});
+  // Empty B, Lq or Lk: an empty result of the right shape.
+  EXPECT_EQ(average_heads(Tensor<T, 4>({0, 2, 3, 3})).shape(), (std::array<Index, 3>{0, 3, 3}));
+  EXPECT_EQ(average_heads(Tensor<T, 4>({2, 2, 0, 3})).shape(), (std::array<Index, 3>{2, 0, 3}));
+  EXPECT_EQ(average_heads(Tensor<T, 4>({2, 2, 3, 0})).shape(), (std::array<Index, 3>{2, 3, 0}));
+  static_assert(std::is_same_v<decltype(average_heads(std::declval<const Tensor<T, 4>&>())), Tensor<T, 3>>);
 }
 
 }  // namespace

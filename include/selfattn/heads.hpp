@@ -1,5 +1,6 @@
 /// \file
-/// `split_heads` (a zero-copy view) and `merge_heads` (the concat).
+/// `split_heads` (a zero-copy view), `merge_heads` (the concat) and `average_heads` (the mean over heads of
+/// attention weights, PyTorch's `average_attn_weights=True`).
 ///
 /// Shapes: x (B, L, H * D) <-> heads (B, H, L, D). Element (b, l, h * D + d) of x is element (b, h, l, d)
 /// of the heads, so the split is just new strides over the same memory.
@@ -61,6 +62,42 @@ Tensor<detail::scalar_of<X>, 3> merge_heads(const X& heads) {
   for (Index b = 0; b < x.dim(0); ++b)
     for (Index h = 0; h < x.dim(1); ++h) as_matrix(target[b][h]) = as_matrix(x[b][h]);
   return merged;
+}
+
+/// \brief The mean over heads of per-head attention weights: PyTorch's `average_attn_weights=True`.
+///
+/// `nn.MultiheadAttention` returns head-averaged weights by default; ours (`fwd.weights` of the module,
+/// `attention_weights`, `sdpa_forward` with `need_weights`) are per head, and this turns them into PyTorch's
+/// default. Throws ShapeError naming `weights` when it has no head (H = 0).
+///
+/// Shapes: weights (B, H, Lq, Lk), a Tensor or any strided TensorView of float or double -> (B, Lq, Lk).
+/// \code
+/// opts.need_weights = true;
+/// auto fwd = mha.forward(x, opts);                    // fwd.weights (B, H, L, L)
+/// Tensor<float, 3> mean = average_heads(fwd.weights); // (B, L, L), what PyTorch returns by default
+/// \endcode
+template <typename X, typename = std::enable_if_t<detail::tensor_traits<std::decay_t<X>>::is_tensor>>
+Tensor<detail::scalar_of<X>, 3> average_heads(const X& weights) {
+  using T = detail::scalar_of<X>;
+  static_assert(detail::is_tensor_of_rank<X, 4>,
+                "average_heads: weights must be a rank-4 (B, H, Lq, Lk) Tensor or TensorView");
+  static_assert(std::is_floating_point_v<T>, "average_heads: weights must hold float or double");
+  Tensor<T, 3> mean;
+  if constexpr (detail::is_tensor_of_rank<X, 4> && std::is_floating_point_v<T>) {
+    const TensorView<const T, 4> w = detail::const_view(weights);
+    if (w.dim(1) < 1)
+      detail::throw_shape_error("average_heads", "weights",
+                                "expected shape (B, H, Lq, Lk) with at least one head, got " +
+                                    detail::shape_string<4>(w.shape()));
+    mean = Tensor<T, 3>({w.dim(0), w.dim(2), w.dim(3)});
+    if (mean.empty()) return mean;
+    for (Index b = 0; b < w.dim(0); ++b) {
+      auto sum = as_matrix(mean[b]);
+      for (Index h = 0; h < w.dim(1); ++h) sum += as_matrix(w[b][h]);  // heads in order 0..H-1
+      sum /= static_cast<T>(w.dim(1));
+    }
+  }
+  return mean;
 }
 
 }  // namespace selfattn
