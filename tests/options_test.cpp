@@ -1,7 +1,15 @@
-// Tests of options.hpp: the defaults API.md promises ("every field optional").
+// Tests of options.hpp: the defaults API.md promises ("every field optional"), and key_lengths taking a
+// vector of any integer type.
 #include <selfattn/options.hpp>
 
 #include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstddef>
+#include <limits>
+#include <stdexcept>
+#include <type_traits>
+#include <vector>
 
 namespace selfattn {
 namespace {
@@ -30,6 +38,73 @@ TEST(OptionsTest, MasksBindToTensorsOfTheRightElementType) {
   EXPECT_EQ(opts.allowed.data(), mask.data());
   EXPECT_EQ(opts.bias.data(), bias.data());
   EXPECT_EQ(opts.bias.shape(), bias.shape());
+}
+
+// A function written against the documented type, std::vector<Index>.
+Index total_of(const std::vector<Index>& lengths) {
+  Index total = 0;
+  for (Index length : lengths) total += length;
+  return total;
+}
+
+TEST(OptionsTest, KeyLengthsKeepsTheVectorInterface) {
+  AttentionOptions<float> opts;
+  opts.key_lengths = {8, 5, 1};
+  EXPECT_FALSE(opts.key_lengths.empty());
+  EXPECT_EQ(opts.key_lengths.size(), 3u);
+  EXPECT_EQ(opts.key_lengths[1], 5);
+  EXPECT_EQ(opts.key_lengths.data()[2], 1);
+  static_assert(std::is_same_v<decltype(opts.key_lengths.data()), Index*>);
+  opts.key_lengths.push_back(4);
+  EXPECT_EQ(total_of(opts.key_lengths), 18);  // binds to const std::vector<Index>&
+  const std::vector<Index> copy = opts.key_lengths;
+  EXPECT_EQ(copy, (std::vector<Index>{8, 5, 1, 4}));
+  EXPECT_EQ(opts.key_lengths, copy);
+  opts.key_lengths = {};
+  EXPECT_TRUE(opts.key_lengths.empty());
+  opts.key_lengths = {3};
+  EXPECT_EQ(opts.key_lengths.size(), 1u);
+
+  // A std::vector<Index> (lvalue or moved).
+  std::vector<Index> lengths{6, 0};
+  opts.key_lengths = lengths;
+  EXPECT_EQ(opts.key_lengths, lengths);
+  const Index* storage = lengths.data();
+  opts.key_lengths = std::move(lengths);
+  EXPECT_EQ(opts.key_lengths.data(), storage);  // moved, not copied
+}
+
+TEST(OptionsTest, KeyLengthsFromAnyIntegerVector) {
+  AttentionOptions<double> opts;
+  opts.key_lengths = std::vector<int>{8, 5, 1};
+  EXPECT_EQ(opts.key_lengths, (std::vector<Index>{8, 5, 1}));
+  const std::vector<std::uint32_t> unsigned_lengths{7, 0};
+  opts.key_lengths = unsigned_lengths;
+  EXPECT_EQ(opts.key_lengths, (std::vector<Index>{7, 0}));
+  opts.key_lengths = std::vector<std::size_t>{3, 2, 1, 0};
+  EXPECT_EQ(opts.key_lengths, (std::vector<Index>{3, 2, 1, 0}));
+  opts.key_lengths = std::vector<std::int16_t>{12};
+  EXPECT_EQ(opts.key_lengths, (std::vector<Index>{12}));
+  opts.key_lengths = std::vector<std::uint8_t>{255};
+  EXPECT_EQ(opts.key_lengths, (std::vector<Index>{255}));
+  opts.key_lengths = std::vector<long long>{};
+  EXPECT_TRUE(opts.key_lengths.empty());
+
+  // Negative values pass through unchanged: the attention call reports them (opts.key_lengths[b]).
+  opts.key_lengths = std::vector<int>{-1, 4};
+  EXPECT_EQ(opts.key_lengths[0], -1);
+
+  // A value that does not fit in Index cannot be a key length: refused at the assignment, opts unchanged.
+  const std::vector<std::uint64_t> too_long{2, std::numeric_limits<std::uint64_t>::max()};
+  EXPECT_THROW(opts.key_lengths = too_long, std::invalid_argument);
+  EXPECT_EQ(opts.key_lengths, (std::vector<Index>{-1, 4}));
+
+  // Not from bool or floating-point vectors.
+  static_assert(std::is_convertible_v<std::vector<int>, KeyLengths>);
+  static_assert(std::is_convertible_v<std::vector<unsigned long>, KeyLengths>);
+  static_assert(!std::is_convertible_v<std::vector<bool>, KeyLengths>);
+  static_assert(!std::is_convertible_v<std::vector<double>, KeyLengths>);
+  static_assert(std::is_base_of_v<std::vector<Index>, KeyLengths>);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 /// besides q, k and v. Semantics in docs/masks.md; validation in attention.hpp.
 #pragma once
 
+#include <selfattn/key_lengths.hpp>
 #include <selfattn/tensor.hpp>
 
 #include <cstdint>
@@ -47,7 +48,7 @@ enum class Kernel {
 template <typename T>
 struct AttentionOptions {
   Causal causal = Causal::none;           ///< causal mask alignment
-  std::vector<Index> key_lengths;         ///< empty, or B entries in [0, Lk]: key j of batch b is valid iff j < key_lengths[b]
+  KeyLengths key_lengths;                 ///< empty, or B entries in [0, Lk]: key j of batch b is valid iff j < key_lengths[b]
   TensorView<const bool, 4> allowed;      ///< empty, or broadcastable to (B, H, Lq, Lk); true = may attend
   TensorView<const T, 4> bias;            ///< empty, or broadcastable to (B, H, Lq, Lk); added to the scores
   Index window_left = -1;                 ///< keys allowed left of the bottom-right diagonal; -1 = unbounded
