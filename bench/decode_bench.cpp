@@ -15,6 +15,7 @@
 #include <selfattn/selfattn.hpp>
 
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #ifdef _OPENMP
@@ -64,8 +65,8 @@ void BM_triad(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * 3 * n * static_cast<int64_t>(sizeof(float)));
 }
 
-// One decode step through detail::decode_forward with the given kernel choice.
-void decode_kernel(benchmark::State& state, selfattn::detail::DecodeKernel kernel) {
+// One decode step through detail::decode_forward on the given path (the rule's choice when `forced` is empty).
+void decode_kernel(benchmark::State& state, std::optional<selfattn::detail::DecodePath> forced) {
   use_threads(state, 3);
   const Index keys = state.range(0), heads = state.range(1), kv_heads = state.range(2);
   const auto q = filled<4>({1, heads, 1, head_dim});
@@ -73,10 +74,11 @@ void decode_kernel(benchmark::State& state, selfattn::detail::DecodeKernel kerne
   const auto v = filled<4>({1, kv_heads, keys, head_dim});
   const selfattn::AttentionOptions<float> opts;
   const auto params = selfattn::detail::make_params<float>(q, k, v, opts);
+  const selfattn::detail::DecodePath path = forced ? *forced : selfattn::detail::decode_path(params);
   Tensor<float, 4> out({1, heads, 1, head_dim});
   Tensor<float, 3> lse({1, heads, 1});
   for (auto _ : state) {
-    selfattn::detail::decode_forward(params, selfattn::detail::ForwardOutputs<float>{out.view(), lse.view(), {}}, kernel);
+    selfattn::detail::decode_forward(params, selfattn::detail::ForwardOutputs<float>{out.view(), lse.view(), {}}, path);
     benchmark::DoNotOptimize(out.data());
     benchmark::ClobberMemory();
   }
@@ -86,10 +88,10 @@ void decode_kernel(benchmark::State& state, selfattn::detail::DecodeKernel kerne
                                                 benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// The kernel decode_forward picks (the streaming path for up to 3 rows per key/value head, else the grouped path).
-void BM_decode_kernel(benchmark::State& state) { decode_kernel(state, selfattn::detail::DecodeKernel::automatic); }
+// The path decode_path picks (the streaming path for up to 3 rows per key/value head, else the grouped path).
+void BM_decode_kernel(benchmark::State& state) { decode_kernel(state, std::nullopt); }
 // The general path forced (Eigen products per chunk): what BM_decode_kernel improves on.
-void BM_decode_general(benchmark::State& state) { decode_kernel(state, selfattn::detail::DecodeKernel::general); }
+void BM_decode_general(benchmark::State& state) { decode_kernel(state, selfattn::detail::DecodePath::general); }
 
 selfattn::MultiHeadAttention<float> decoder(Index heads, Index kv_heads) {
   selfattn::MultiHeadAttentionConfig cfg;

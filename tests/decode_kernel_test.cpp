@@ -1,4 +1,4 @@
-// Tests of the decode kernel's grouped path (detail/decode_microkernels.hpp, the query rows of a key/value head
+// Tests of the decode kernel's grouped path (detail/decode_grouped.hpp, the query rows of a key/value head
 // in SIMD lanes) and streaming path (one to a few rows per key/value head, vectorised over D) against the
 // reference kernel: random shapes over every group size, head dims that are and are
 // not whole packets, 1 to 4 query rows, key counts around the chunk edges, per-batch key lengths, windows,
@@ -22,7 +22,7 @@
 namespace selfattn {
 namespace {
 
-using detail::DecodeKernel;
+using detail::DecodePath;
 using test::all_close;
 using test::default_tolerance;
 using test::Random;
@@ -51,7 +51,7 @@ struct DecodeCase {
 
 // Runs the decode kernel with `kernel` and the reference on the same params; returns whether both agree.
 template <typename T>
-::testing::AssertionResult matches_reference(const detail::AttentionParams<T>& params, DecodeKernel kernel) {
+::testing::AssertionResult matches_reference(const detail::AttentionParams<T>& params, DecodePath kernel) {
   const Index B = params.batch(), H = params.heads(), Lq = params.q_len(), Dv = params.value_dim();
   Tensor<T, 4> out({B, H, Lq, Dv}), expected_out({B, H, Lq, Dv});
   Tensor<T, 3> lse({B, H, Lq}), expected_lse({B, H, Lq});
@@ -112,9 +112,9 @@ TYPED_TEST(DecodeKernelTest, GroupedPathMatchesTheReferenceOverRandomShapes) {
     for (Index D : {8, 64, 80, 128}) {
       const RandomDecodeCall<T> call(random, group, D, 0, key_counts);
       const auto params = call.params();
-      ASSERT_TRUE(detail::grouped_decode_applies(params));
-      EXPECT_TRUE(matches_reference(params, DecodeKernel::grouped)) << call.c.describe();
-      EXPECT_TRUE(matches_reference(params, DecodeKernel::automatic)) << call.c.describe();
+      ASSERT_NE(detail::decode_path(params), DecodePath::general);
+      EXPECT_TRUE(matches_reference(params, DecodePath::grouped)) << call.c.describe();
+      EXPECT_TRUE(matches_reference(params, detail::decode_path(params))) << call.c.describe();
       ++cases;
     }
   EXPECT_EQ(cases, 20);
@@ -130,8 +130,8 @@ TYPED_TEST(DecodeKernelTest, GroupedQueryDecodeStepMatchesTheReference) {
   const auto k = random.normal_tensor<T, 4>({1, Hkv, Lk, D});
   const auto v = random.normal_tensor<T, 4>({1, Hkv, Lk, D});
   const auto params = detail::make_params<T>(q, k, v, AttentionOptions<T>{});
-  EXPECT_TRUE(matches_reference(params, DecodeKernel::grouped));
-  EXPECT_TRUE(matches_reference(params, DecodeKernel::general));
+  EXPECT_TRUE(matches_reference(params, DecodePath::grouped));
+  EXPECT_TRUE(matches_reference(params, DecodePath::general));
 }
 
 // Keys and values as views into a cache with more capacity than length (rows D + 5 apart, planes further
@@ -150,7 +150,7 @@ TYPED_TEST(DecodeKernelTest, ReadsStridedCacheViewsInPlace) {
   opts.causal = Causal::bottom_right;
   opts.key_lengths = {Lk, 123};
   opts.alibi_slopes = alibi_slopes<T>(H);
-  EXPECT_TRUE(matches_reference(detail::make_params<T>(q.view(), k, v, opts), DecodeKernel::grouped));
+  EXPECT_TRUE(matches_reference(detail::make_params<T>(q.view(), k, v, opts), DecodePath::grouped));
 }
 
 // NaN in keys and values the mask hides (past a batch's key length, past the causal diagonal, before the
@@ -175,7 +175,7 @@ TYPED_TEST(DecodeKernelTest, MaskedNaNKeysAndValuesDoNotLeak) {
   const auto params = detail::make_params<T>(q, k, v, opts);
   Tensor<T, 4> out({B, H, Lq, D}), expected_out({B, H, Lq, D});
   Tensor<T, 3> lse({B, H, Lq}), expected_lse({B, H, Lq});
-  detail::decode_forward(params, detail::ForwardOutputs<T>{out.view(), lse.view(), {}}, DecodeKernel::grouped);
+  detail::decode_forward(params, detail::ForwardOutputs<T>{out.view(), lse.view(), {}}, DecodePath::grouped);
   detail::reference_forward(params, detail::ForwardOutputs<T>{expected_out.view(), expected_lse.view(), {}});
   for (Index h = 0; h < H; ++h)
     for (Index i = 0; i < Lq; ++i)
@@ -205,14 +205,14 @@ TYPED_TEST(DecodeKernelTest, RowsWithoutKeysGiveZeroAndMinusInfinity) {
   Tensor<T, 4> out({B, H, Lq, D});
   Tensor<T, 3> lse({B, H, Lq});
   out.fill(T(1));
-  detail::decode_forward(params, detail::ForwardOutputs<T>{out.view(), lse.view(), {}}, DecodeKernel::grouped);
+  detail::decode_forward(params, detail::ForwardOutputs<T>{out.view(), lse.view(), {}}, DecodePath::grouped);
   for (Index h = 0; h < H; ++h)
     for (Index i = 0; i < Lq; ++i) {
       EXPECT_EQ(lse(0, h, i), -std::numeric_limits<T>::infinity());
       EXPECT_TRUE(std::isfinite(lse(1, h, i)));
       for (Index d = 0; d < D; ++d) EXPECT_EQ(out(0, h, i, d), T(0));
     }
-  EXPECT_TRUE(matches_reference(params, DecodeKernel::grouped));
+  EXPECT_TRUE(matches_reference(params, DecodePath::grouped));
 }
 
 // Per-element masks, biases and dropout are not the grouped path's: asked for it anyway, decode_forward runs
@@ -232,9 +232,9 @@ TYPED_TEST(DecodeKernelTest, FallsBackToTheGeneralPathForBiasMaskAndDropout) {
     if (variant == 1) opts.allowed = allowed;
     if (variant == 2) opts.dropout_p = T(0.3);
     const auto params = detail::make_params<T>(q, k, v, opts);
-    EXPECT_FALSE(detail::grouped_decode_applies(params)) << "variant " << variant;
-    EXPECT_TRUE(matches_reference(params, DecodeKernel::grouped)) << "variant " << variant;
-    EXPECT_TRUE(matches_reference(params, DecodeKernel::streaming)) << "variant " << variant;
+    EXPECT_EQ(detail::decode_path(params), DecodePath::general) << "variant " << variant;
+    EXPECT_TRUE(matches_reference(params, DecodePath::grouped)) << "variant " << variant;
+    EXPECT_TRUE(matches_reference(params, DecodePath::streaming)) << "variant " << variant;
   }
 }
 
@@ -258,13 +258,13 @@ TYPED_TEST(DecodeKernelTest, ResultDoesNotDependOnTheThreadCount) {
 #endif
     Tensor<T, 4> out({B, H, Lq, D});
     Tensor<T, 3> lse({B, H, Lq});
-    detail::decode_forward(params, detail::ForwardOutputs<T>{out.view(), lse.view(), {}}, DecodeKernel::grouped);
+    detail::decode_forward(params, detail::ForwardOutputs<T>{out.view(), lse.view(), {}}, DecodePath::grouped);
     return out;
   };
   const Tensor<T, 4> one = run(1), again = run(1), two = run(2);
   EXPECT_TRUE(all_close(again, one, 0.0));
   EXPECT_TRUE(all_close(two, one, 0.0));
-  EXPECT_TRUE(matches_reference(params, DecodeKernel::grouped));
+  EXPECT_TRUE(matches_reference(params, DecodePath::grouped));
 }
 
 // The streaming path (few rows per key/value head, vectorised over D) over random shapes: G in {1, 2, 3} with
@@ -281,9 +281,9 @@ TYPED_TEST(DecodeKernelTest, StreamingPathMatchesTheReferenceOverRandomShapes) {
       for (Index Lq = 1; Lq <= 4; ++Lq) {
         const RandomDecodeCall<T> call(random, group, D, Lq, key_counts);
         const auto params = call.params();
-        ASSERT_TRUE(detail::grouped_decode_applies(params));
-        EXPECT_TRUE(matches_reference(params, DecodeKernel::streaming)) << call.c.describe();
-        EXPECT_TRUE(matches_reference(params, DecodeKernel::automatic)) << call.c.describe();
+        ASSERT_NE(detail::decode_path(params), DecodePath::general);
+        EXPECT_TRUE(matches_reference(params, DecodePath::streaming)) << call.c.describe();
+        EXPECT_TRUE(matches_reference(params, detail::decode_path(params))) << call.c.describe();
         ++cases;
       }
   EXPECT_EQ(cases, 48);
@@ -299,8 +299,8 @@ TYPED_TEST(DecodeKernelTest, SingleRowDecodeStepMatchesTheReference) {
   const auto k = random.normal_tensor<T, 4>({1, Hkv, Lk, D});
   const auto v = random.normal_tensor<T, 4>({1, Hkv, Lk, D});
   const auto params = detail::make_params<T>(q, k, v, AttentionOptions<T>{});
-  EXPECT_TRUE(matches_reference(params, DecodeKernel::streaming));
-  EXPECT_TRUE(matches_reference(params, DecodeKernel::automatic));
+  EXPECT_TRUE(matches_reference(params, DecodePath::streaming));
+  EXPECT_TRUE(matches_reference(params, detail::decode_path(params)));
 }
 
 // Strided cache views (rows D + 5 apart, capacity beyond the length) through the streaming path.
@@ -318,7 +318,7 @@ TYPED_TEST(DecodeKernelTest, StreamingPathReadsStridedCacheViewsInPlace) {
   opts.causal = Causal::bottom_right;
   opts.key_lengths = {Lk, 123};
   opts.alibi_slopes = alibi_slopes<T>(H);
-  EXPECT_TRUE(matches_reference(detail::make_params<T>(q.view(), k, v, opts), DecodeKernel::streaming));
+  EXPECT_TRUE(matches_reference(detail::make_params<T>(q.view(), k, v, opts), DecodePath::streaming));
 }
 
 // NaN in keys and values the mask hides must not reach the streaming path's output either; the one row that
@@ -344,7 +344,7 @@ TYPED_TEST(DecodeKernelTest, StreamingPathDoesNotLeakMaskedNaN) {
   const auto params = detail::make_params<T>(q, k, v, opts);
   Tensor<T, 4> out({B, H, Lq, D}), expected_out({B, H, Lq, D});
   Tensor<T, 3> lse({B, H, Lq}), expected_lse({B, H, Lq});
-  detail::decode_forward(params, detail::ForwardOutputs<T>{out.view(), lse.view(), {}}, DecodeKernel::streaming);
+  detail::decode_forward(params, detail::ForwardOutputs<T>{out.view(), lse.view(), {}}, DecodePath::streaming);
   detail::reference_forward(params, detail::ForwardOutputs<T>{expected_out.view(), expected_lse.view(), {}});
   for (Index h = 0; h < H; ++h)
     for (Index i = 0; i < Lq; ++i) {
@@ -376,13 +376,13 @@ TYPED_TEST(DecodeKernelTest, StreamingRowsWithoutKeysGiveZeroAndMinusInfinity) {
   Tensor<T, 4> out({B, H, Lq, D});
   Tensor<T, 3> lse({B, H, Lq});
   out.fill(T(1));
-  detail::decode_forward(params, detail::ForwardOutputs<T>{out.view(), lse.view(), {}}, DecodeKernel::streaming);
+  detail::decode_forward(params, detail::ForwardOutputs<T>{out.view(), lse.view(), {}}, DecodePath::streaming);
   for (Index h = 0; h < H; ++h) {
     EXPECT_EQ(lse(0, h, 0), -std::numeric_limits<T>::infinity());
     EXPECT_TRUE(std::isfinite(lse(1, h, 0)));
     for (Index d = 0; d < D; ++d) EXPECT_EQ(out(0, h, 0, d), T(0));
   }
-  EXPECT_TRUE(matches_reference(params, DecodeKernel::streaming));
+  EXPECT_TRUE(matches_reference(params, DecodePath::streaming));
 }
 
 // The streaming path gives the same bits at 1 and 2 threads and on repeated calls (chunk-order merge).
@@ -404,13 +404,13 @@ TYPED_TEST(DecodeKernelTest, StreamingResultDoesNotDependOnTheThreadCount) {
 #endif
     Tensor<T, 4> out({B, H, Lq, D});
     Tensor<T, 3> lse({B, H, Lq});
-    detail::decode_forward(params, detail::ForwardOutputs<T>{out.view(), lse.view(), {}}, DecodeKernel::streaming);
+    detail::decode_forward(params, detail::ForwardOutputs<T>{out.view(), lse.view(), {}}, DecodePath::streaming);
     return out;
   };
   const Tensor<T, 4> one = run(1), again = run(1), two = run(2);
   EXPECT_TRUE(all_close(again, one, 0.0));
   EXPECT_TRUE(all_close(two, one, 0.0));
-  EXPECT_TRUE(matches_reference(params, DecodeKernel::streaming));
+  EXPECT_TRUE(matches_reference(params, DecodePath::streaming));
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// Tests of detail/fused.hpp: the fused forward and backward against the reference kernel (the specification)
+// Tests of detail/fused_forward.hpp and fused_backward.hpp: the fused forward and backward against the reference kernel (the specification)
 // over a randomised sweep of shapes, masks, views and dropout; NaN in masked keys and values; fully masked rows
 // and tiles; determinism; dispatch; and the memory the forward allocates (no (Lq, Lk) buffer).
 //
@@ -11,7 +11,8 @@
 // binary that includes Eigen, so the macro changes no code elsewhere).
 #define EIGEN_RUNTIME_NO_MALLOC
 #include <selfattn/attention.hpp>
-#include <selfattn/detail/fused.hpp>
+#include <selfattn/detail/fused_backward.hpp>
+#include <selfattn/detail/fused_forward.hpp>
 #include <selfattn/detail/reference.hpp>
 
 #include "support/compare.hpp"
@@ -638,7 +639,7 @@ TEST(FusedTest, ForwardAllocatesNoScoreMatrix) {
   opts.causal = Causal::top_left;
   const long long outputs = static_cast<long long>((L * D + L) * sizeof(float));
   const long long score_matrix = static_cast<long long>(L * L * sizeof(float));
-  for (int threads : {1, detail::fused_max_threads()}) {
+  for (int threads : {1, detail::max_threads()}) {
 #ifdef _OPENMP
     omp_set_num_threads(threads);
 #endif

@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <vector>
 
 namespace selfattn {
@@ -76,7 +78,7 @@ TEST(MaskTest, BroadcastReadsRepeatExtentOneDimensions) {
   EXPECT_FALSE(detail::Broadcast4<double>().present());
 }
 
-TEST(MaskTest, ScoreOffsetAddsBiasAndSubtractsAlibiDistance) {
+TEST(MaskTest, ScoreAddsBiasAndSubtractsAlibiDistance) {
   Tensor<double, 4> bias({1, 1, 1, 1});
   bias(0, 0, 0, 0) = 0.5;
   const std::vector<double> slopes = {0.25, 0.125};
@@ -85,23 +87,47 @@ TEST(MaskTest, ScoreOffsetAddsBiasAndSubtractsAlibiDistance) {
   m.k_len = 5;  // off = 3
   m.bias = detail::Broadcast4<double>(bias.view());
   m.alibi_slopes = slopes.data();
-  ASSERT_TRUE(m.has_score_offset());
-  // bias - slope_h * |i + off - j|: i = 1, j = 0 -> distance 4
-  EXPECT_DOUBLE_EQ(m.score_offset(0, 0, 1, 0), 0.5 - 0.25 * 4);
-  EXPECT_DOUBLE_EQ(m.score_offset(0, 1, 1, 4), 0.5);  // on the diagonal
-  EXPECT_DOUBLE_EQ(m.score_offset(0, 1, 0, 4), 0.5 - 0.125 * 1);
-  EXPECT_FALSE(MaskParams<double>().has_score_offset());
+  ASSERT_TRUE(m.has_element_masks());
+  ASSERT_TRUE(m.has_alibi());
+  // s + bias - slope_h * |i + off - j|: i = 1, j = 0 -> distance 4
+  EXPECT_DOUBLE_EQ(m.score(m.row(0, 0, 1), 0, 0, 1, 0, 0.0), 0.5 - 0.25 * 4);
+  EXPECT_DOUBLE_EQ(m.score(m.row(0, 1, 1), 0, 1, 1, 4, 0.0), 0.5);  // on the diagonal
+  EXPECT_DOUBLE_EQ(m.score(m.row(0, 1, 0), 0, 1, 0, 4, 0.0), 0.5 - 0.125 * 1);
+  EXPECT_DOUBLE_EQ(m.score(m.row(0, 1, 0), 0, 1, 0, 4, 2.0), 2.0 + 0.5 - 0.125 * 1) << "added to the score";
+  EXPECT_FALSE(MaskParams<double>().has_element_masks());
+  EXPECT_FALSE(MaskParams<double>().has_alibi());
 }
 
-TEST(MaskTest, ElementAllowedReadsTheBooleanMask) {
+TEST(MaskTest, RowDescribesRangeSlopeAndDiagonal) {
+  const std::vector<float> slopes = {0.5f, 0.25f};
+  MaskParams<float> m;
+  m.q_len = 2;
+  m.k_len = 5;  // off = 3
+  m.causal = Causal::bottom_right;
+  m.alibi_slopes = slopes.data();
+  const detail::RowMask<float> row = m.row(0, 1, 0);
+  EXPECT_EQ(row.keys.begin, 0);
+  EXPECT_EQ(row.keys.end, 4);  // j <= 0 + 3
+  EXPECT_EQ(row.slope, 0.25f);
+  EXPECT_EQ(row.diagonal, 3.0f);
+  EXPECT_FALSE(row.element_masks);
+}
+
+TEST(MaskTest, ScoreReadsTheBooleanMaskAndTheRange) {
   Tensor<bool, 4> allowed({2, 1, 1, 3});
   allowed(1, 0, 0, 2) = true;
   MaskParams<float> m;
-  EXPECT_TRUE(m.element_allowed(1, 0, 0, 0)) << "no mask: everything allowed";
+  m.q_len = 5;
+  m.k_len = 3;
+  const float minus_infinity = -std::numeric_limits<float>::infinity();
+  EXPECT_EQ(m.score(m.row(1, 0, 0), 1, 0, 0, 0, 1.0f), 1.0f) << "no mask: everything allowed";
   m.allowed = detail::Broadcast4<bool>(allowed.view());
-  EXPECT_TRUE(m.element_allowed(1, 7, 4, 2));
-  EXPECT_FALSE(m.element_allowed(1, 7, 4, 1));
-  EXPECT_FALSE(m.element_allowed(0, 0, 0, 2));
+  EXPECT_EQ(m.score(m.row(1, 7, 4), 1, 7, 4, 2, 1.0f), 1.0f);
+  EXPECT_EQ(m.score(m.row(1, 7, 4), 1, 7, 4, 1, 1.0f), minus_infinity);
+  EXPECT_EQ(m.score(m.row(0, 0, 0), 0, 0, 0, 2, 1.0f), minus_infinity);
+  m.causal = Causal::top_left;
+  EXPECT_EQ(m.score(m.row(1, 0, 1), 1, 0, 1, 2, std::numeric_limits<float>::quiet_NaN()), minus_infinity)
+      << "outside the range: -inf selected, a NaN product does not survive";
 }
 
 }  // namespace

@@ -5,7 +5,10 @@
 /// Lk key length, D head dim of q and k, Dv head dim of v.
 #pragma once
 
-#include <selfattn/detail/fused.hpp>
+#include <selfattn/detail/decode.hpp>
+#include <selfattn/detail/fused_backward.hpp>
+#include <selfattn/detail/fused_forward.hpp>
+#include <selfattn/detail/params.hpp>
 #include <selfattn/detail/reference.hpp>
 #include <selfattn/errors.hpp>
 #include <selfattn/options.hpp>
@@ -113,8 +116,8 @@ AttentionParams<T> make_params(const TensorView<const T, 4>& q, const TensorView
   p.mask.key_lengths = opts.key_lengths.empty() ? nullptr : opts.key_lengths.data();
   p.mask.window_left = opts.window_left;
   p.mask.window_right = opts.window_right;
-  if (opts.allowed.data()) p.mask.allowed = Broadcast4<bool>(opts.allowed);
-  if (opts.bias.data()) p.mask.bias = Broadcast4<T>(opts.bias);
+  if (opts.allowed.data()) p.mask.allowed = Broadcast4<const bool>(opts.allowed);
+  if (opts.bias.data()) p.mask.bias = Broadcast4<const T>(opts.bias);
   p.mask.alibi_slopes = opts.alibi_slopes.empty() ? nullptr : opts.alibi_slopes.data();
   p.dropout.p = opts.dropout_p;
   p.dropout.seed = opts.seed;
@@ -127,27 +130,80 @@ constexpr bool are_attention_inputs =
     std::is_same_v<scalar_of<Q>, scalar_of<K>> && std::is_same_v<scalar_of<Q>, scalar_of<V>> &&
     std::is_floating_point_v<scalar_of<Q>>;
 
+/// The one place that chooses the forward kernel of a call (see Kernel): the reference when the weights are
+/// wanted or asked for, the decode kernel for few query rows (decode_suits), else the fused kernel.
+template <typename T>
+Kernel forward_kernel(const AttentionParams<T>& p, const AttentionOptions<T>& opts) {
+  if (opts.need_weights || opts.kernel == Kernel::reference) return Kernel::reference;
+  if (opts.kernel != Kernel::automatic) return opts.kernel;
+  return decode_suits(p) ? Kernel::decode : Kernel::fused;
+}
+
+/// Runs the chosen forward kernel on validated parameters and outputs.
+template <typename T>
+void run_forward(const AttentionParams<T>& p, const AttentionOptions<T>& opts, const ForwardOutputs<T>& outputs) {
+  switch (forward_kernel(p, opts)) {
+    case Kernel::reference: reference_forward(p, outputs); break;
+    case Kernel::decode: decode_forward(p, outputs); break;
+    default: fused_forward(p, outputs); break;
+  }
+}
+
+/// The checks of every forward entry: q, k, v and the options.
+template <typename T>
+void validate_forward(const char* function, const TensorView<const T, 4>& q, const TensorView<const T, 4>& k,
+                      const TensorView<const T, 4>& v, const AttentionOptions<T>& opts) {
+  validate_query_key(function, q, k);
+  check_shape<4>(function, "v", v.shape(), {k.dim(0), k.dim(1), k.dim(2), any_extent});
+  validate_options(function, opts, q.dim(0), q.dim(1), q.dim(2), k.dim(2));
+}
+
+/// Throws std::invalid_argument naming `name` when a destination overlaps itself or any input of the call.
+template <typename T, int Rank>
+void check_destination(const char* function, const char* name, const TensorView<T, Rank>& destination,
+                       const TensorView<const T, 4>& q, const TensorView<const T, 4>& k,
+                       const TensorView<const T, 4>& v, const AttentionOptions<T>& opts) {
+  const auto refuse = [&](const char* other) {
+    throw_invalid(function, name, std::string("overlaps ") + other + "; write into separate memory");
+  };
+  if (overlaps_itself(destination)) refuse("itself (a stride 0 or overlapping rows)");
+  if (overlaps(destination, q)) refuse("q");
+  if (overlaps(destination, k)) refuse("k");
+  if (overlaps(destination, v)) refuse("v");
+  if (overlaps(destination, opts.bias)) refuse("opts.bias");
+  if (overlaps(destination, opts.allowed)) refuse("opts.allowed");
+}
+
 /// sdpa_forward on views of one element type: validate, allocate, run the kernel.
 template <typename T>
 AttentionForward<T> sdpa_forward_views(const char* function, const TensorView<const T, 4>& q,
                                        const TensorView<const T, 4>& k, const TensorView<const T, 4>& v,
                                        const AttentionOptions<T>& opts) {
-  validate_query_key(function, q, k);
-  check_shape<4>(function, "v", v.shape(), {k.dim(0), k.dim(1), k.dim(2), any_extent});
-  validate_options(function, opts, q.dim(0), q.dim(1), q.dim(2), k.dim(2));
-
+  validate_forward(function, q, k, v, opts);
   AttentionForward<T> result;
   result.out = Tensor<T, 4>({q.dim(0), q.dim(1), q.dim(2), v.dim(3)});
   result.lse = Tensor<T, 3>({q.dim(0), q.dim(1), q.dim(2)});
   if (opts.need_weights) result.weights = Tensor<T, 4>({q.dim(0), q.dim(1), q.dim(2), k.dim(2)});
-  const AttentionParams<T> params = make_params(q, k, v, opts);
-  // The fused kernel never materialises the weights: asking for them (or for the reference) runs the reference.
-  if (opts.need_weights || opts.kernel == Kernel::reference)
-    reference_forward(params, ForwardOutputs<T>{result.out.view(), result.lse.view(),
-                                                opts.need_weights ? result.weights.view() : TensorView<T, 4>()});
-  else
-    fused_forward(params, ForwardOutputs<T>{result.out.view(), result.lse.view(), TensorView<T, 4>()});
+  run_forward(make_params(q, k, v, opts),
+              opts, ForwardOutputs<T>{result.out.view(), result.lse.view(),
+                                      opts.need_weights ? result.weights.view() : TensorView<T, 4>()});
   return result;
+}
+
+/// sdpa_forward_into on views of one element type: validate (outputs included), run the kernel.
+template <typename T>
+void sdpa_forward_into_views(const char* function, const TensorView<const T, 4>& q, const TensorView<const T, 4>& k,
+                             const TensorView<const T, 4>& v, const TensorView<T, 4>& out,
+                             const TensorView<T, 3>& lse, const AttentionOptions<T>& opts) {
+  validate_forward(function, q, k, v, opts);
+  if (opts.need_weights)
+    throw_invalid(function, "opts.need_weights", "the _into form returns no weights; use sdpa_forward for them");
+  check_shape<4>(function, "out", out.shape(), {q.dim(0), q.dim(1), q.dim(2), v.dim(3)});
+  check_shape<3>(function, "lse", lse.shape(), {q.dim(0), q.dim(1), q.dim(2)});
+  check_destination(function, "out", out, q, k, v, opts);
+  check_destination(function, "lse", lse, q, k, v, opts);
+  if (overlaps(out, lse)) throw_invalid(function, "lse", "overlaps out; write into separate memory");
+  run_forward(make_params(q, k, v, opts), opts, ForwardOutputs<T>{out, lse, TensorView<T, 4>()});
 }
 
 /// sdpa_backward on views of one element type: validate, allocate, run the kernel.
@@ -168,7 +224,7 @@ AttentionGradients<T> sdpa_backward_views(const char* function, const TensorView
   if (opts.bias.data()) g.dbias = Tensor<T, 4>(opts.bias.shape());
   const BackwardTensors<T> tensors{out, lse, dout, g.dq.view(), g.dk.view(), g.dv.view(),
                                    opts.bias.data() ? g.dbias.view() : TensorView<T, 4>()};
-  // Either backward accepts the out and lse of either forward: both compute the same lse and out.
+  // Either backward accepts the out and lse of any forward: every kernel computes the same lse and out.
   if (opts.kernel == Kernel::reference)
     reference_backward(make_params(q, k, v, opts), tensors);
   else
@@ -195,6 +251,26 @@ AttentionForward<detail::scalar_of<Q>> sdpa_forward(const Q& q, const K& k, cons
                                                     const AttentionOptions<detail::scalar_of<Q>>& opts = {}) {
   return detail::sdpa_forward_views("sdpa_forward", detail::const_view(q), detail::const_view(k), detail::const_view(v),
                                     opts);
+}
+
+/// \brief sdpa_forward into caller-owned outputs: no allocation of results, for loops that reuse buffers.
+///
+/// Shapes: q (B, H, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv) -> out (B, H, Lq, Dv), lse (B, H, Lq), both
+/// writable Tensors or views (any strides with a contiguous last dimension). Writes exactly what sdpa_forward
+/// returns in `out` and `lse`, with the same kernel. Throws like sdpa_forward, and std::invalid_argument naming
+/// `out` or `lse` when a destination overlaps an input, the other destination or itself, or naming
+/// `opts.need_weights` when weights are asked for (use sdpa_forward); nothing is written on error.
+/// \code
+/// Tensor<float, 4> out({1, 8, 1, 64});
+/// Tensor<float, 3> lse({1, 8, 1});
+/// for (int step = 0; step < steps; ++step) sdpa_forward_into(q, k, v, out, lse, opts);   // no result allocated
+/// \endcode
+template <typename Q, typename K, typename V, typename = std::enable_if_t<detail::are_attention_inputs<Q, K, V>>>
+void sdpa_forward_into(const Q& q, const K& k, const V& v, const TensorView<detail::scalar_of<Q>, 4>& out,
+                       const TensorView<detail::scalar_of<Q>, 3>& lse,
+                       const AttentionOptions<detail::scalar_of<Q>>& opts = {}) {
+  detail::sdpa_forward_into_views("sdpa_forward_into", detail::const_view(q), detail::const_view(k),
+                                  detail::const_view(v), out, lse, opts);
 }
 
 /// \brief Gradients of scaled dot-product attention, given the forward's `out` and `lse` for the same inputs

@@ -1,11 +1,12 @@
 /// \file
-/// Causal and AttentionOptions: everything that shapes one attention call
+/// Causal, Kernel and AttentionOptions: everything that shapes one attention call
 /// besides q, k and v. Semantics in docs/masks.md; validation in attention.hpp.
 #pragma once
 
 #include <selfattn/key_lengths.hpp>
 #include <selfattn/tensor.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -22,17 +23,18 @@ enum class Causal {
 
 /// \brief Which attention kernel runs a call.
 ///
-/// `automatic` (the default) runs the fused kernel (detail/fused.hpp: tiled online softmax, O(tile) memory
-/// beyond inputs and outputs, threads under OpenMP) unless `need_weights` asks for the probabilities, which
-/// only the reference kernel materialises. `reference` always runs the reference kernel
-/// (detail/reference.hpp): the specification, short and slow, holding one (Lq, Lk) score matrix per (batch,
-/// head); tests compare against it. `fused` asks for the fused kernel, falling back to the reference when
-/// `need_weights` is set. Both kernels give the same results up to rounding, and `sdpa_backward` accepts the
-/// `out` and `lse` of either forward.
+/// `automatic` (the default) chooses: the reference kernel when `need_weights` asks for the probabilities (only
+/// it materialises them); the decode kernel (detail/decode.hpp: keys split into chunks across threads, partials
+/// merged by log-sum-exp) when there are at most 16 query rows per head, as in incremental decoding; otherwise
+/// the fused kernel (detail/fused_forward.hpp: tiled online softmax, O(tile) memory beyond inputs and outputs).
+/// The other values ask for one kernel; `need_weights` still runs the reference. Every kernel gives the same
+/// results up to rounding, and `sdpa_backward` accepts the `out` and `lse` of any forward. The backward has two
+/// kernels: `reference` runs the reference backward, every other value the fused one.
 enum class Kernel {
-  automatic,  ///< the fused kernel, unless `need_weights` (then the reference): the default
+  automatic,  ///< reference if need_weights, decode for Lq <= 16, else fused: the default
   reference,  ///< always the reference kernel (detail/reference.hpp): the specification
-  fused       ///< the fused kernel (detail/fused.hpp); `need_weights` still runs the reference
+  fused,      ///< the fused kernel (detail/fused_forward.hpp, fused_backward.hpp)
+  decode      ///< the decode kernel (detail/decode.hpp), any Lq; its backward is the fused one
 };
 
 /// \brief Options of one attention call. Every field is optional; all masks combine by logical and.
@@ -58,7 +60,33 @@ struct AttentionOptions {
   T dropout_p = T(0);                     ///< dropout rate on the probabilities, in [0, 1)
   std::uint64_t seed = 0;                 ///< dropout stream key: same seed, same mask
   bool need_weights = false;              ///< also return the attention probabilities (B, H, Lq, Lk)
-  Kernel kernel = Kernel::automatic;      ///< fused unless need_weights; `reference` forces the specification
+  Kernel kernel = Kernel::automatic;      ///< which kernel runs the call (see Kernel); the default chooses
 };
+
+namespace detail {
+
+/// Sequence b's part of a broadcastable (B|1, H|1, Lq|1, Lk|1) mask: query rows [row, row + rows), keys
+/// [0, keys). Extent-1 dimensions stay 1 (they broadcast).
+template <typename U>
+TensorView<const U, 4> mask_for_sequence(const TensorView<const U, 4>& mask, Index b, Index row, Index rows,
+                                         Index keys) {
+  if (!mask.data()) return mask;
+  const U* data = mask.data() + (mask.dim(0) == 1 ? 0 : b * mask.stride(0)) + (mask.dim(2) == 1 ? 0 : row * mask.stride(2));
+  return TensorView<const U, 4>(data, {1, mask.dim(1), mask.dim(2) == 1 ? 1 : rows, mask.dim(3) == 1 ? 1 : keys},
+                                mask.strides());
+}
+
+/// The options of sequence b of a batched call, for its query rows [row, row + rows) over its first `keys` keys:
+/// its key length (at most `keys`) and its slices of the masks. Everything else is shared.
+template <typename T>
+AttentionOptions<T> options_for_sequence(const AttentionOptions<T>& opts, Index b, Index row, Index rows, Index keys) {
+  AttentionOptions<T> sequence = opts;
+  if (!opts.key_lengths.empty()) sequence.key_lengths = {std::min(opts.key_lengths[static_cast<std::size_t>(b)], keys)};
+  sequence.allowed = mask_for_sequence(opts.allowed, b, row, rows, keys);
+  sequence.bias = mask_for_sequence(opts.bias, b, row, rows, keys);
+  return sequence;
+}
+
+}  // namespace detail
 
 }  // namespace selfattn

@@ -1,34 +1,47 @@
-/// \file
-/// The one place that decides "may query i see key j" and what is added to s_ij.
-/// No public names: everything here is internal (`selfattn::detail`), used by the kernels.
-///
-/// Reference and fused kernels both ask this file, so a mask can never disagree between them.
-/// Structural masks (causal, sliding window, key lengths) reduce to one contiguous key range per
-/// (batch, query row); the boolean `allowed` mask and the additive terms (bias, ALiBi) are per element.
-/// Rows and columns: i = query row, j = key column, off = Lk - Lq, c = i + off (the bottom-right diagonal).
+// selfattn/detail/mask.hpp — the one place that decides "may query i see key j" and what is added to s_ij.
+// No public names: everything here is internal (`selfattn::detail`), used by every kernel.
+//
+// Structural masks (causal, sliding window, key lengths) reduce to one contiguous key range per (batch, query
+// row); the boolean `allowed` mask and the bias are per element; ALiBi is a per-row slope times the distance to
+// the row's bottom-right diagonal. MaskParams::row gives every kernel the same per-row description (RowMask),
+// and MaskParams::score the final score of one pair; the packet forms below apply the same rules to a packet of
+// keys or of rows. Rows and columns: i = query row, j = key column, off = Lk - Lq, c = i + off (the diagonal).
 #pragma once
 
+#include <selfattn/detail/simd.hpp>
 #include <selfattn/options.hpp>
 #include <selfattn/tensor.hpp>
 
 #include <algorithm>
 #include <array>
 #include <cstdlib>
+#include <limits>
+#include <type_traits>
 
 namespace selfattn::detail {
 
-/// A rank-4 tensor read with NumPy broadcasting: extent-1 dimensions get stride 0. Absent when data is null.
+/// The broadcast rule (NumPy's): a dimension of extent 1 repeats, so its stride is read as 0.
+template <typename T, int Rank>
+std::array<Index, Rank> broadcast_strides(const TensorView<T, Rank>& view) {
+  std::array<Index, Rank> strides{};
+  for (int d = 0; d < Rank; ++d) strides[static_cast<std::size_t>(d)] = view.dim(d) == 1 ? 0 : view.stride(d);
+  return strides;
+}
+
+/// A rank-4 tensor read (or, for a non-const T, accumulated into) with broadcasting: (b, h, i, j) addresses the
+/// element its broadcast shape maps them to. Absent when data is null.
 template <typename T>
 struct Broadcast4 {
-  const T* data = nullptr;
+  T* data = nullptr;
   std::array<Index, 4> strides{};
 
   Broadcast4() = default;
-  explicit Broadcast4(const TensorView<const T, 4>& view) : data(view.data()) {
-    for (int d = 0; d < 4; ++d) strides[static_cast<std::size_t>(d)] = view.dim(d) == 1 ? 0 : view.stride(d);
-  }
+  explicit Broadcast4(const TensorView<T, 4>& view) : data(view.data()), strides(broadcast_strides(view)) {}
+  /// A read-only reader from a writable one.
+  template <typename U, typename = std::enable_if_t<std::is_same_v<const U, T> && !std::is_same_v<U, T>>>
+  Broadcast4(const Broadcast4<U>& other) : data(other.data), strides(other.strides) {}  // NOLINT: const adds only
   bool present() const { return data != nullptr; }
-  const T& operator()(Index b, Index h, Index i, Index j) const {
+  T& operator()(Index b, Index h, Index i, Index j) const {
     return data[b * strides[0] + h * strides[1] + i * strides[2] + j * strides[3]];
   }
 };
@@ -38,7 +51,36 @@ struct KeyRange {
   Index begin = 0;
   Index end = 0;
   bool empty() const { return begin >= end; }
+  bool contains(Index j) const { return begin <= j && j < end; }
 };
+
+/// What every kernel needs to know about one query row's mask.
+template <typename T>
+struct RowMask {
+  KeyRange keys;               ///< the keys the structural masks leave
+  T slope = T(0);              ///< the ALiBi slope of the row's head (0 without ALiBi)
+  T diagonal = T(0);           ///< c = i + Lk - Lq, the row's bottom-right diagonal, as T (ALiBi's origin)
+  bool element_masks = false;  ///< `allowed` or a bias: per-element work beyond the range and ALiBi
+};
+
+/// ALiBi's term: s - slope * |c - j|. One expression for scalars and packets (the distance is exact in T: an
+/// integer below 2^24 in float).
+template <typename P>
+EIGEN_STRONG_INLINE P minus_alibi(const P& score, const P& slope, const P& diagonal, const P& key) {
+  using namespace Eigen::internal;
+  return psub(score, pmul(slope, pabs(psub(diagonal, key))));
+}
+
+/// The range rule on a packet: `score` where begin <= key < end, -inf elsewhere (selected, never computed: a
+/// NaN product at a masked key must not survive). The operands are key indices as T, one per lane.
+template <typename T>
+EIGEN_STRONG_INLINE micro::Packet<T> select_in_range(const micro::Packet<T>& score, const micro::Packet<T>& begin,
+                                                     const micro::Packet<T>& end, const micro::Packet<T>& key) {
+  using namespace Eigen::internal;
+  using P = micro::Packet<T>;
+  const P visible = pand(pcmp_le(begin, key), pcmp_lt(key, end));
+  return pselect(visible, score, pset1<P>(-std::numeric_limits<T>::infinity()));
+}
 
 /// The mask description kernels receive: filled from validated options, never throws.
 template <typename T>
@@ -49,8 +91,8 @@ struct MaskParams {
   const Index* key_lengths = nullptr;   // B entries, or null: all Lk keys valid
   Index window_left = -1;               // -1 = unbounded
   Index window_right = -1;
-  Broadcast4<bool> allowed;             // absent, or true = may attend
-  Broadcast4<T> bias;                   // absent, or added to the scores
+  Broadcast4<const bool> allowed;       // absent, or true = may attend
+  Broadcast4<const T> bias;             // absent, or added to the scores
   const T* alibi_slopes = nullptr;      // H entries, or null
 
   Index offset() const { return k_len - q_len; }
@@ -69,17 +111,23 @@ struct MaskParams {
     return {begin, end};
   }
 
-  /// Per-element masks beyond the key range: only the boolean `allowed` tensor.
-  bool element_allowed(Index b, Index h, Index i, Index j) const { return !allowed.present() || allowed(b, h, i, j); }
+  /// Whether a per-element tensor (`allowed`, bias) applies: kernels skip the per-element pass without one.
+  bool has_element_masks() const { return allowed.present() || bias.present(); }
+  bool has_alibi() const { return alibi_slopes != nullptr; }
 
-  /// Whether the score needs an additive term at all (lets kernels skip the per-element call).
-  bool has_score_offset() const { return bias.present() || alibi_slopes != nullptr; }
+  /// The description of query row i of head h, batch b: its key range, ALiBi slope and diagonal.
+  RowMask<T> row(Index b, Index h, Index i) const {
+    return {key_range(b, i), has_alibi() ? alibi_slopes[h] : T(0), static_cast<T>(i + offset()), has_element_masks()};
+  }
 
-  /// Additive term of s_ij: bias_ij - slope_h * |i + off - j|.
-  T score_offset(Index b, Index h, Index i, Index j) const {
-    T add = bias.present() ? bias(b, h, i, j) : T(0);
-    if (alibi_slopes) add -= alibi_slopes[h] * static_cast<T>(std::abs(i + offset() - j));
-    return add;
+  /// The final score of the pair (i, j) of row `r` = row(b, h, i), given s = scale * q_i . k_j:
+  ///   s + bias_ij - slope_h |c - j|   where j is in the row's range and `allowed`,   -inf elsewhere.
+  /// A masked value is selected, never computed, so a NaN in a masked key does not survive.
+  T score(const RowMask<T>& r, Index b, Index h, Index i, Index j, T s) const {
+    if (!r.keys.contains(j) || (allowed.present() && !allowed(b, h, i, j))) return -std::numeric_limits<T>::infinity();
+    if (bias.present()) s += bias(b, h, i, j);
+    if (has_alibi()) s = minus_alibi(s, r.slope, r.diagonal, static_cast<T>(j));
+    return s;
   }
 };
 

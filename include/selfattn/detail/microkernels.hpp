@@ -1,105 +1,48 @@
-// selfattn/detail/microkernels.hpp — the register-blocked inner loops of the fused attention kernel.
+// selfattn/detail/microkernels.hpp — the register-blocked products of the fast kernels.
 //
-// Everything here is written with Eigen's packet math (Eigen::internal::pload / pmadd / pexp ...), so it
-// adapts to whatever SIMD the user compiles for (SSE2, AVX2, AVX-512, NEON, or plain scalars) without a
-// single -march flag on the library. Three building blocks:
-//
-//   gemm_panel      C[M x NV packets] = A[M x K] . B[K x NV packets], A read element by element (broadcast,
+//   micro_kernel    acc[MR][NV packets] = A[MR x K] . B[K x NV packets], A read element by element (broadcast,
 //                   any strides: a row-major, a transposed or a strided head view all work without a copy),
-//                   B read as packets from rows ldb apart. The accumulators of an MR x NV micro-tile stay
-//                   in registers for the whole K loop; an epilogue functor receives them and decides what
-//                   to do (store, accumulate, rescale and accumulate, ...).
-//   exp_or_zero     P = s == -inf ? 0 : exp(s - m), the exponential vectorised and the masked entries
-//                   *selected* to 0 (Eigen's vectorised exp(-inf) is 2.9e-39, not 0: PITFALLS.md).
-//   all_finite      whether a run of values holds no inf or NaN, to pick the safe inner loop that skips
-//                   zero products (0 * NaN = NaN must not reach an output from a masked key).
+//                   B read as packets from rows ldb apart; the accumulators stay in registers for the whole K
+//                   loop. Safe = true skips every product with a zero factor (for operands that may hold inf or
+//                   NaN where the other factor is 0). An optional prefetcher is stepped once per K.
+//   gemm_panel      the micro-kernel over any number of rows; an epilogue functor receives each block of
+//                   accumulators and decides what to do (store, accumulate, rescale and accumulate, ...).
+//   gemm_*          the epilogues the kernels use, and chunk_dot, a dot product summed like one lane of them.
 //
 // Register budget: MR x NV accumulators + NV packets of B + one broadcast. With 32 vector registers
 // (AVX-512) 6 x 4 = 24 accumulators; with 16 (SSE, AVX2) 3 x 4 = 12 (B then comes from memory operands).
 #pragma once
 
+#include <selfattn/detail/simd.hpp>
 #include <selfattn/tensor.hpp>
 
 #include <Eigen/Core>
 
 #include <algorithm>
-#include <cstddef>
-#include <limits>
-#include <new>
 #include <type_traits>
-#include <utility>
-#include <vector>
-
-/// Forces a lambda inline (after its parameter list): an epilogue that is not inlined makes the compiler spill
-/// the micro-kernel's accumulators to memory to pass them (measured: 4% of the forward).
-#if defined(__GNUC__) || defined(__clang__)
-#define SELFATTN_INLINE_LAMBDA __attribute__((always_inline))
-#else
-#define SELFATTN_INLINE_LAMBDA
-#endif
 
 namespace selfattn::detail::micro {
-
-/// The SIMD packet of T under the current compile flags (a scalar when Eigen does not vectorise T).
-template <typename T>
-using Packet = typename Eigen::internal::packet_traits<T>::type;
-
-/// Lanes of Packet<T>: 16 floats under AVX-512, 8 under AVX2, 4 under SSE2; 1 without vectorisation.
-template <typename T>
-inline constexpr Index packet_size = Eigen::internal::unpacket_traits<Packet<T>>::size;
 
 /// Rows of the register micro-tile (see the file comment for the budget).
 inline constexpr int micro_rows = EIGEN_ARCH_DEFAULT_NUMBER_OF_REGISTERS >= 32 ? 6 : 3;
 /// Packets across the micro-tile; also the width, in packets, of the fused kernels' lane blocks.
 inline constexpr int micro_packets = 4;
 
-/// A cache-line (64-byte) aligned allocator through C++17's aligned operator new, so scratch memory is
-/// counted by anything that counts operator new (tests/fused_test.cpp does).
-template <typename T>
-struct AlignedAllocator {
-  using value_type = T;
-  static constexpr std::size_t alignment = 64;
-  AlignedAllocator() = default;
-  template <typename U>
-  AlignedAllocator(const AlignedAllocator<U>&) noexcept {}  // NOLINT(google-explicit-constructor): rebinding
-  T* allocate(std::size_t n) {
-    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(alignment)));
-  }
-  void deallocate(T* pointer, std::size_t) noexcept { ::operator delete(pointer, std::align_val_t(alignment)); }
-  template <typename U>
-  bool operator==(const AlignedAllocator<U>&) const noexcept { return true; }
-  template <typename U>
-  bool operator!=(const AlignedAllocator<U>&) const noexcept { return false; }
-};
-
-/// 64-byte aligned scratch memory.
-template <typename T>
-using Buffer = std::vector<T, AlignedAllocator<T>>;
-
-/// f(std::integral_constant<int, 0>{}), ..., f(std::integral_constant<int, N - 1>{}): a loop the compiler
-/// cannot fail to unroll, so the accumulators stay in registers.
-template <typename F, int... I>
-EIGEN_ALWAYS_INLINE void unroll_impl(F& f, std::integer_sequence<int, I...>) {
-  (f(std::integral_constant<int, I>{}), ...);
-}
-template <int N, typename F>
-EIGEN_ALWAYS_INLINE void unroll(F&& f) {
-  unroll_impl(f, std::make_integer_sequence<int, N>{});
-}
-
 /// The MR x NV micro-kernel: acc[m][v] = sum_k A(m, k) * B(k, v-th packet), A(m, k) = a[m * ams + k * aks].
 /// Safe = true skips every product with a zero factor (keeps the accumulator instead of adding 0 * x), for
 /// operands that may hold inf or NaN where the other factor is 0; every other term is the same pmadd as in the
-/// fast kernel, so both give bitwise the same result on finite data.
-template <typename T, int MR, int NV, bool Safe>
+/// fast kernel, so both give bitwise the same result on finite data. prefetcher.step(k) runs at every k (the
+/// default NoPrefetch compiles away; the decode kernels prefetch the next chunk with a LinePrefetcher).
+template <typename T, int MR, int NV, bool Safe, typename Prefetcher = NoPrefetch>
 EIGEN_ALWAYS_INLINE void micro_kernel(Index depth, const T* a, Index ams, Index aks, const T* b, Index ldb,
-                                      Packet<T> (&result)[MR][NV]) {
+                                      Packet<T> (&result)[MR][NV], Prefetcher&& prefetcher = Prefetcher()) {
   using P = Packet<T>;
   constexpr Index ps = packet_size<T>;
   const P zero = Eigen::internal::pset1<P>(T(0));
   P acc[MR][NV];  // local, fully unrolled: the compiler keeps all of it in registers
   unroll<MR>([&](auto m) { unroll<NV>([&](auto v) { acc[m][v] = zero; }); });
   for (Index k = 0; k < depth; ++k) {
+    prefetcher.step(k);
     const T* b_row = b + k * ldb;
     const T* a_col = a + k * aks;
     P bv[NV];
@@ -230,74 +173,6 @@ void gemm_accumulate_wide(bool safe, Index rows, Index packets, Index depth, con
     case 1: gemm_accumulate<T, 1>(safe, rows, depth, a, ams, aks, b + v0 * ps, ldb, c + v0 * ps, ldc); break;
     default: break;
   }
-}
-
-/// Whether rows x[r * stride + 0 .. n), r < rows, hold no inf and no NaN (x * 0 is NaN exactly for those).
-template <typename T>
-bool all_finite(const T* x, Index rows, Index n, Index stride) {
-  using P = Packet<T>;
-  constexpr Index ps = packet_size<T>;
-  const P zero = Eigen::internal::pset1<P>(T(0));
-  P acc = zero;
-  T rest = T(0);
-  for (Index r = 0; r < rows; ++r) {
-    const T* row = x + r * stride;
-    Index i = 0;
-    for (; i + ps <= n; i += ps)
-      acc = Eigen::internal::padd(acc, Eigen::internal::pmul(Eigen::internal::ploadu<P>(row + i), zero));
-    for (; i < n; ++i) rest += row[i] * T(0);
-  }
-  // The lanes summed through memory, once: no horizontal-reduction intrinsics (GCC 12 warns inside its
-  // AVX-512 headers on them, GCC bug 105593).
-  T lanes[ps];
-  Eigen::internal::pstoreu(lanes, acc);
-  for (Index lane = 0; lane < ps; ++lane) rest += lanes[lane];
-  return rest == T(0);
-}
-
-/// exp(x) for float packets, x <= 0 (x > 88 would overflow): Cody-Waite reduction x = n ln 2 + r, Cephes'
-/// polynomial for e^r in Horner form, and 2^n added to the exponent bits. 1.3 ulp at worst on [-87, 0]
-/// (Eigen's AVX-512 pexp: 5 ulp near its clamp), about 14 operations (Eigen's: 19). x < -87.3 gives 1.2e-38,
-/// not 0: masked entries are selected to 0 by the caller, never computed. NaN stays NaN.
-template <typename P>
-EIGEN_STRONG_INLINE P exp_float(const P& x0) {
-  using namespace Eigen::internal;
-  using PI = typename unpacket_traits<P>::integer_packet;
-  const P x = pmax(x0, pset1<P>(-87.33654f));  // keeps 2^n a normal number
-  const P magic = pset1<P>(12582912.0f);       // 1.5 * 2^23: adding it rounds to an integer
-  const P k = pmadd(x, pset1<P>(1.44269504088896341f), magic);
-  const P n = psub(k, magic);                         // round(x / ln 2)
-  P r = pmadd(n, pset1<P>(-0.693359375f), x);         // x - n ln 2, in two parts
-  r = pmadd(n, pset1<P>(2.12194440e-4f), r);
-  P y = pset1<P>(1.9875691500e-4f);                   // e^r = 1 + r + r^2 / 2 + ..., |r| <= ln 2 / 2
-  y = pmadd(y, r, pset1<P>(1.3981999507e-3f));
-  y = pmadd(y, r, pset1<P>(8.3334519073e-3f));
-  y = pmadd(y, r, pset1<P>(4.1665795894e-2f));
-  y = pmadd(y, r, pset1<P>(1.6666665459e-1f));
-  y = pmadd(y, r, pset1<P>(5.0000001201e-1f));
-  y = pmadd(y, r, pset1<P>(1.0f));
-  y = pmadd(y, r, pset1<P>(1.0f));
-  // The low bits of k hold n (k = 1.5 * 2^23 + n): shifted into the exponent field, added to y's: y * 2^n.
-  const PI scaled = padd(preinterpret<PI>(y), plogical_shift_left<23>(preinterpret<PI>(k)));
-  return pselect(pcmp_eq(x0, x0), preinterpret<P>(scaled), x0);
-}
-
-/// exp of a packet of T: exp_float for vectorised float, Eigen's pexp otherwise (double, scalars).
-template <typename T>
-EIGEN_STRONG_INLINE Packet<T> exp_packet(const Packet<T>& x) {
-  if constexpr (std::is_same_v<T, float> && packet_size<T> > 1)
-    return exp_float(x);
-  else
-    return Eigen::internal::pexp(x);
-}
-
-/// exp(s - m) where s is not -inf, exactly 0 where it is; one packet.
-template <typename T>
-EIGEN_STRONG_INLINE Packet<T> exp_or_zero(const Packet<T>& s, const Packet<T>& m) {
-  using P = Packet<T>;
-  const P minus_infinity = Eigen::internal::pset1<P>(-std::numeric_limits<T>::infinity());
-  const P masked = Eigen::internal::pcmp_eq(s, minus_infinity);
-  return Eigen::internal::pselect(masked, Eigen::internal::pset1<P>(T(0)), exp_packet<T>(Eigen::internal::psub(s, m)));
 }
 
 }  // namespace selfattn::detail::micro

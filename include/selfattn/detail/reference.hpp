@@ -4,8 +4,8 @@
 // (batch, head) at a time and runs the three passes of softmax attention in plain sight.
 #pragma once
 
-#include <selfattn/detail/dropout.hpp>
-#include <selfattn/detail/mask.hpp>
+#include <selfattn/detail/params.hpp>
+#include <selfattn/detail/softmax.hpp>
 #include <selfattn/tensor.hpp>
 
 #include <array>
@@ -13,48 +13,6 @@
 #include <limits>
 
 namespace selfattn::detail {
-
-/// Everything one attention call needs, filled after validation (attention.hpp); kernels never throw.
-///
-/// Shapes: q (B, H, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv); query head h reads key/value head
-/// h / (H / Hkv). v may have Dv == 0 when only the weights are wanted.
-template <typename T>
-struct AttentionParams {
-  TensorView<const T, 4> q;
-  TensorView<const T, 4> k;
-  TensorView<const T, 4> v;
-  T scale = T(1);
-  MaskParams<T> mask;
-  DropoutParams<T> dropout;
-
-  Index batch() const { return q.dim(0); }
-  Index heads() const { return q.dim(1); }
-  Index q_len() const { return q.dim(2); }
-  Index k_len() const { return k.dim(2); }
-  Index value_dim() const { return v.dim(3); }
-  Index kv_head(Index h) const { return h / (q.dim(1) / k.dim(1)); }
-};
-
-/// Outputs of a forward kernel: out (B, H, Lq, Dv), lse (B, H, Lq), weights (B, H, Lq, Lk) or absent.
-template <typename T>
-struct ForwardOutputs {
-  TensorView<T, 4> out;
-  TensorView<T, 3> lse;
-  TensorView<T, 4> weights;
-};
-
-/// Inputs and outputs of a backward kernel, shapes of the forward's: out, dout (B, H, Lq, Dv), lse (B, H, Lq);
-/// dq, dk, dv like q, k, v; dbias like the bias (its broadcast shape), absent without a bias.
-template <typename T>
-struct BackwardTensors {
-  TensorView<const T, 4> out;
-  TensorView<const T, 3> lse;
-  TensorView<const T, 4> dout;
-  TensorView<T, 4> dq;
-  TensorView<T, 4> dk;
-  TensorView<T, 4> dv;
-  TensorView<T, 4> dbias;
-};
 
 /// The weight that multiplies v_j in o_i: P_ij, or P_ij * keep_ij / (1 - p) under dropout.
 template <typename T>
@@ -67,47 +25,34 @@ T dropped_weight(const AttentionParams<T>& p, Index b, Index h, Index i, Index j
 /// A score that is -inf (a -inf bias, say) counts as masked too.
 template <typename T>
 RowMajorMatrix<T> reference_scores(const AttentionParams<T>& p, Index b, Index h) {
-  constexpr T minus_infinity = -std::numeric_limits<T>::infinity();
   const auto q = as_matrix(p.q[b][h]);
   const auto k = as_matrix(p.k[b][p.kv_head(h)]);
   RowMajorMatrix<T> s(p.q_len(), p.k_len());
   s.noalias() = p.scale * (q * k.transpose());
   for (Index i = 0; i < p.q_len(); ++i) {
-    const KeyRange keys = p.mask.key_range(b, i);
-    for (Index j = 0; j < p.k_len(); ++j) {
-      const bool visible = j >= keys.begin && j < keys.end && p.mask.element_allowed(b, h, i, j);
-      // Select, never compute, the masked value: a NaN in a masked key must not survive (PITFALLS.md).
-      s(i, j) = visible ? s(i, j) + p.mask.score_offset(b, h, i, j) : minus_infinity;
-    }
+    const RowMask<T> row = p.mask.row(b, h, i);
+    for (Index j = 0; j < p.k_len(); ++j) s(i, j) = p.mask.score(row, b, h, i, j, s(i, j));
   }
   return s;
 }
 
-/// Pass 2 in place: S -> P = exp(S - m) / l row by row, returning lse = m + log l per row.
-/// A row without any finite score stays all zero with lse = -inf (no NaN from -inf - -inf).
+/// Pass 2 in place: S -> P = exp(S - m) / l row by row, returning lse = m + log l per row, by the rules of
+/// softmax.hpp: masked entries exactly 0, and a row without any allowed key all zero with lse = -inf.
 template <typename T>
 Eigen::Matrix<T, Eigen::Dynamic, 1> reference_softmax(RowMajorMatrix<T>& s) {
-  constexpr T minus_infinity = -std::numeric_limits<T>::infinity();
   Eigen::Matrix<T, Eigen::Dynamic, 1> lse(s.rows());
   for (Index i = 0; i < s.rows(); ++i) {
-    T m = minus_infinity;
-    for (Index j = 0; j < s.cols(); ++j)
-      // A NaN score makes m NaN and keeps it (a later -inf must not turn the row into a fully masked one), so
-      // the row's output and lse are NaN.
-      if (!(s(i, j) <= m) && !std::isnan(m)) m = s(i, j);
-    if (m == minus_infinity) {
-      s.row(i).setZero();
-      lse(i) = minus_infinity;
-      continue;
-    }
+    T m = -std::numeric_limits<T>::infinity();
+    for (Index j = 0; j < s.cols(); ++j) m = std::max(m, s(i, j));
+    const T shift = softmax_shift(m);
     T l = 0;
     for (Index j = 0; j < s.cols(); ++j) {
-      // exp(-inf) is selected to 0 rather than computed (Eigen's vectorised exp(-inf) is not 0).
-      s(i, j) = s(i, j) == minus_infinity ? T(0) : std::exp(s(i, j) - m);
+      s(i, j) = exp_or_zero(s(i, j), shift);
       l += s(i, j);
     }
-    s.row(i) /= l;
-    lse(i) = m + std::log(l);
+    const FinishedRow<T> row = finish_row(m, l);
+    for (Index j = 0; j < s.cols(); ++j) s(i, j) = row.output(s(i, j));
+    lse(i) = row.lse;
   }
   return lse;
 }
@@ -145,11 +90,9 @@ void reference_forward(const AttentionParams<T>& p, const ForwardOutputs<T>& res
 template <typename T>
 void reference_backward(const AttentionParams<T>& p, const BackwardTensors<T>& g) {
   constexpr T minus_infinity = -std::numeric_limits<T>::infinity();
-  for (const TensorView<T, 4>& accumulated : {g.dk, g.dv, g.dbias})
-    for (Index n = 0; n < accumulated.size(); ++n) accumulated.data()[n] = T(0);  // contiguous, owned by the caller
-  // dbias is read with broadcasting: a gradient summed over every dimension the bias was broadcast along.
-  std::array<Index, 4> dbias_strides{};
-  for (int d = 0; d < 4; ++d) dbias_strides[static_cast<std::size_t>(d)] = g.dbias.dim(d) == 1 ? 0 : g.dbias.stride(d);
+  for (const TensorView<T, 4>& accumulated : {g.dk, g.dv, g.dbias}) set_zero(accumulated);
+  // dbias is written with broadcasting: a gradient summed over every dimension the bias was broadcast along.
+  const Broadcast4<T> dbias(g.dbias);
 
   for (Index b = 0; b < p.batch(); ++b)
     for (Index h = 0; h < p.heads(); ++h) {
@@ -169,7 +112,7 @@ void reference_backward(const AttentionParams<T>& p, const BackwardTensors<T>& g
       const RowMajorMatrix<T> s = reference_scores(p, b, h);
       for (Index i = 0; i < p.q_len(); ++i) {
         // Pass 2 from the saved lse: P_ij = exp(s_ij - lse_i), which equals exp(s_ij - m_i) / l_i.
-        const T lse = g.lse(b, h, i);
+        const T lse = element(g.lse, b, h, i);
         // D_i = rowsum(dO_i * O_i) = sum_j P_ij dP_ij: the softmax Jacobian's rank-one part, O(Dv) per row.
         const T d_i = dout.row(i).dot(out.row(i));
         for (Index j = 0; j < p.k_len(); ++j) {
@@ -186,9 +129,7 @@ void reference_backward(const AttentionParams<T>& p, const BackwardTensors<T>& g
           // Scores: dq_i += scale dS_ij k_j;  dk_j += scale dS_ij q_i;  dbias_ij += dS_ij
           dq.row(i) += (p.scale * d_score) * k.row(j);
           dk.row(j) += (p.scale * d_score) * q.row(i);
-          if (g.dbias.data())
-            g.dbias.data()[b * dbias_strides[0] + h * dbias_strides[1] + i * dbias_strides[2] + j * dbias_strides[3]] +=
-                d_score;
+          if (dbias.present()) dbias(b, h, i, j) += d_score;
         }
       }
     }

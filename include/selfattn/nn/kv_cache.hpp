@@ -1,22 +1,22 @@
 /// \file
-/// The key/value cache of incremental decoding, its eviction policies, and the
-/// merge of attention results computed over disjoint key sets.
+/// The key/value cache of incremental decoding and its eviction policies.
 ///
 /// Layout: keys and values of shape (B, Hkv, capacity, D), one plane per key/value head (grouped-query
 /// heads are stored once, never repeated per query head). Sequence b holds its tokens in rows
 /// [0, lengths()[b]) of its planes: sequences of different lengths decode together, each padded on the
-/// right (rows past its length are unused). Keys are stored after RoPE. MultiHeadAttention::make_cache
-/// makes one and MultiHeadAttention::step fills it; docs/decoding.md explains the policies and positions.
+/// right (rows past its length are unused). Keys are stored after RoPE. The cache owns its behaviour:
+/// appending, growing, evicting under its policy (with the RoPE re-rotation of the sinks), truncating, and
+/// the per-sequence views attention reads. MultiHeadAttention::make_cache makes one and
+/// MultiHeadAttention::step fills it; docs/decoding.md explains the policies and positions.
 #pragma once
 
-#include <selfattn/detail/decode.hpp>
 #include <selfattn/errors.hpp>
+#include <selfattn/positional.hpp>
 #include <selfattn/tensor.hpp>
 
 #include <algorithm>
 #include <cstring>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 namespace selfattn {
@@ -105,11 +105,86 @@ class KVCache {
     std::fill(seen_.begin(), seen_.end(), 0);
   }
 
- private:
-  template <typename>
-  friend class MultiHeadAttention;
+  /// Whether the policy lets a sequence hold `tokens` tokens at once (only a fixed capacity limits it).
+  bool fits(Index tokens) const { return policy_.capacity == 0 || tokens <= policy_.capacity; }
 
-  // With a window, a sequence holds at most S + W tokens between steps and one more during a step.
+  /// \brief Room for `tokens` tokens per sequence: grows the planes (doubling; to the fixed capacity; or, under
+  /// an evicting policy, to its S + W + 1 slots at once), keeping every cached token. Throws std::invalid_argument naming `tokens` when a fixed capacity is too small.
+  /// If it throws (or runs out of memory), the cache is unchanged.
+  void reserve(Index tokens) {
+    if (!fits(tokens))
+      detail::throw_invalid("KVCache::reserve", "tokens", "a fixed capacity of " + std::to_string(policy_.capacity) +
+                                                             " tokens cannot hold " + std::to_string(tokens));
+    if (tokens <= capacity()) return;
+    const Index grown = policy_.capacity > 0 ? policy_.capacity
+                        : policy_.evicts()   ? std::max(tokens, window_slots())
+                                             : std::max(tokens, 2 * capacity());
+    Tensor<T, 4> keys({batch_, kv_heads_, grown, head_dim_}), values({batch_, kv_heads_, grown, head_dim_});
+    for (Index b = 0; b < batch_; ++b)
+      for (Index h = 0; h < kv_heads_; ++h) {
+        const Index rows = lengths_[static_cast<std::size_t>(b)];
+        as_matrix(keys[b][h]).topRows(rows) = as_matrix(keys_[b][h]).topRows(rows);
+        as_matrix(values[b][h]).topRows(rows) = as_matrix(values_[b][h]).topRows(rows);
+      }
+    keys_ = std::move(keys);
+    values_ = std::move(values);
+  }
+
+  /// \brief Appends n tokens to sequence b: keys (after RoPE, at positions positions()[b] ..) and values, both
+  /// (Hkv, n, D); then evicts what the policy drops. `rope` is the rotation the keys were made with (null
+  /// without RoPE): with attention sinks, evicting re-rotates the sinks' keys with it (see evict below).
+  ///
+  /// Throws ShapeError naming `keys` or `values`, std::invalid_argument naming `b` or `tokens` (a fixed
+  /// capacity too small), before anything changes.
+  /// \code
+  /// cache.append(0, new_keys, new_values);   // (Hkv, n, D) each; cache.lengths()[0] grows by n
+  /// \endcode
+  void append(Index b, const TensorView<const T, 3>& keys, const TensorView<const T, 3>& values,
+              const RotaryEmbedding<T>* rope = nullptr) {
+    const char* fn = "KVCache::append";
+    if (b < 0 || b >= batch_)
+      detail::throw_invalid(fn, "b", "expected a sequence in [0, " + std::to_string(batch_) + "), got " + std::to_string(b));
+    detail::check_shape<3>(fn, "keys", keys.shape(), {kv_heads_, detail::any_extent, head_dim_});
+    detail::check_shape<3>(fn, "values", values.shape(), {kv_heads_, keys.dim(1), head_dim_});
+    Index& length = lengths_[static_cast<std::size_t>(b)];
+    const Index n = keys.dim(1);
+    reserve(length + n);
+    for (Index h = 0; h < kv_heads_; ++h)
+      for (Index l = 0; l < n; ++l) {
+        const Index slot = length + l;
+        as_vector(keys_[b][h][slot]) = as_vector(keys[h][l]);
+        as_vector(values_[b][h][slot]) = as_vector(values[h][l]);
+        if (slot < policy_.sink_tokens) as_vector(sink_keys_[b][h][slot]) = as_vector(keys[h][l]);
+      }
+    length += n;
+    seen_[static_cast<std::size_t>(b)] += n;
+    evict(b, rope);
+  }
+
+  /// \brief Forgets the tokens of sequence b past its first `length` (a rejected draft of speculative decoding,
+  /// or a step to undo); positions() go back with them. Not under an evicting policy (its positions are no
+  /// longer tokens' positions): throws std::invalid_argument naming `policy`; naming `length` outside
+  /// [0, lengths()[b]].
+  void truncate(Index b, Index length) {
+    const char* fn = "KVCache::truncate";
+    if (policy_.evicts()) detail::throw_invalid(fn, "policy", "cannot truncate a cache that evicts tokens");
+    if (b < 0 || b >= batch_)
+      detail::throw_invalid(fn, "b", "expected a sequence in [0, " + std::to_string(batch_) + "), got " + std::to_string(b));
+    Index& current = lengths_[static_cast<std::size_t>(b)];
+    if (length < 0 || length > current)
+      detail::throw_invalid(fn, "length",
+                            "expected a value in [0, " + std::to_string(current) + "], got " + std::to_string(length));
+    seen_[static_cast<std::size_t>(b)] -= current - length;
+    current = length;
+  }
+
+  /// Sequence b's cached keys (after RoPE), (1, Hkv, lengths()[b], D): what attention reads.
+  TensorView<const T, 4> sequence_keys(Index b) const { return sequence(keys_, b); }
+  /// Sequence b's cached values, (1, Hkv, lengths()[b], D).
+  TensorView<const T, 4> sequence_values(Index b) const { return sequence(values_, b); }
+
+ private:
+  // With a window, a sequence holds at most S + W tokens between appends and one more during a step.
   Index window_slots() const { return policy_.sink_tokens + policy_.window + 1; }
 
   void allocate(Index capacity) {
@@ -118,26 +193,35 @@ class KVCache {
     if (policy_.sink_tokens > 0) sink_keys_ = Tensor<T, 4>({batch_, kv_heads_, policy_.sink_tokens, head_dim_});
   }
 
-  /// The capacity a step that brings the sequences to these lengths needs, or throws if a fixed capacity
-  /// is too small. Changes nothing.
-  Index required_capacity(const char* function, Index longest) const {
-    if (policy_.evicts()) return std::max(capacity(), window_slots());
-    if (policy_.capacity > 0 && longest > policy_.capacity)
-      detail::throw_invalid(function, "cache", "a fixed capacity of " + std::to_string(policy_.capacity) +
-                                                   " tokens cannot hold " + std::to_string(longest));
-    if (longest <= capacity()) return capacity();
-    return policy_.capacity > 0 ? policy_.capacity : std::max(longest, 2 * capacity());
+  TensorView<const T, 4> sequence(const Tensor<T, 4>& plane, Index b) const {
+    return TensorView<const T, 4>(plane.data() + b * plane.view().stride(0),
+                                  {1, kv_heads_, lengths_[static_cast<std::size_t>(b)], head_dim_},
+                                  plane.view().strides());
   }
 
-  /// New key/value planes of a larger capacity holding the current tokens (the cache itself unchanged).
-  void grown_copy(Index capacity, Tensor<T, 4>& keys, Tensor<T, 4>& values) const {
-    keys = Tensor<T, 4>({batch_, kv_heads_, capacity, head_dim_});
-    values = Tensor<T, 4>({batch_, kv_heads_, capacity, head_dim_});
-    for (Index b = 0; b < batch_; ++b)
-      for (Index h = 0; h < kv_heads_; ++h) {
-        const Index rows = lengths_[static_cast<std::size_t>(b)];
-        as_matrix(keys[b][h]).topRows(rows) = as_matrix(keys_[b][h]).topRows(rows);
-        as_matrix(values[b][h]).topRows(rows) = as_matrix(values_[b][h]).topRows(rows);
+  /// Drops sequence b's oldest non-sink tokens beyond the window. Positions stay positions within the cache:
+  /// the kept window keys were rotated at their absolute positions, which differ from their in-cache positions
+  /// by the same count `evicted` as the query's; RoPE depends only on differences, so only the sinks need turning
+  /// forward by `evicted`, from their first rotation (one rotation, no drift).
+  void evict(Index b, const RotaryEmbedding<T>* rope) {
+    if (!policy_.evicts()) return;
+    const Index sinks = policy_.sink_tokens, window = policy_.window;
+    Index& length = lengths_[static_cast<std::size_t>(b)];
+    if (length <= sinks + window) return;
+    const Index dropped = length - (sinks + window);
+    for (Index h = 0; h < kv_heads_; ++h)
+      for (Tensor<T, 4>* plane : {&keys_, &values_}) {
+        T* base = plane->data() + (b * kv_heads_ + h) * plane->dim(2) * head_dim_;
+        std::memmove(base + sinks * head_dim_, base + (sinks + dropped) * head_dim_,
+                     static_cast<std::size_t>(window * head_dim_) * sizeof(T));
+      }
+    length = sinks + window;
+    if (!rope || sinks == 0) return;
+    const Index evicted = seen_[static_cast<std::size_t>(b)] - length;
+    for (Index h = 0; h < kv_heads_; ++h)
+      for (Index s = 0; s < sinks; ++s) {
+        as_vector(keys_[b][h][s]) = as_vector(sink_keys_[b][h][s]);
+        rope->apply(TensorView<T, 4>(&keys_(b, h, s, 0), {1, 1, 1, head_dim_}), evicted);
       }
   }
 
@@ -147,48 +231,5 @@ class KVCache {
   Tensor<T, 4> sink_keys_;  // the sinks' keys as first rotated (at their own positions), see evict()
   std::vector<Index> lengths_, seen_;
 };
-
-/// \brief An attention result over some set of keys: out (B, H, Lq, Dv) and its log-sum-exp lse (B, H, Lq).
-template <typename T>
-struct AttentionPartial {
-  Tensor<T, 4> out;  ///< (B, H, Lq, Dv): attention output over the key set
-  Tensor<T, 3> lse;  ///< (B, H, Lq): log-sum-exp of the scores over the allowed keys; -inf when none
-};
-
-/// \brief Merges two attention results over disjoint key sets of the same queries into the result over
-/// their union: lse = log(e^lse_a + e^lse_b), out = e^(lse_a - lse) out_a + e^(lse_b - lse) out_b.
-///
-/// The building block for splitting attention over keys: across threads (the decode kernel does this),
-/// across processes or machines, or over a cache kept in pieces. A side with lse = -inf saw no allowed
-/// key and contributes nothing. Throws ShapeError naming `out_b`, `lse_a` or `lse_b` when shapes differ.
-///
-/// Shapes: out_a, out_b (B, H, Lq, Dv); lse_a, lse_b (B, H, Lq) -> out (B, H, Lq, Dv), lse (B, H, Lq).
-/// \code
-/// auto a = sdpa_forward(q, k_first_half, v_first_half), b = sdpa_forward(q, k_second_half, v_second_half);
-/// auto all = merge_attention_partials(a.out, a.lse, b.out, b.lse);   // == sdpa_forward(q, k, v)
-/// \endcode
-template <typename OA, typename LA, typename OB, typename LB,
-          typename = std::enable_if_t<detail::is_tensor_of_rank<OA, 4> && detail::is_tensor_of_rank<LA, 3> &&
-                                      detail::is_tensor_of_rank<OB, 4> && detail::is_tensor_of_rank<LB, 3>>>
-AttentionPartial<detail::scalar_of<OA>> merge_attention_partials(const OA& out_a, const LA& lse_a, const OB& out_b,
-                                                                 const LB& lse_b) {
-  using T = detail::scalar_of<OA>;
-  static_assert(std::is_same_v<detail::scalar_of<LA>, T> && std::is_same_v<detail::scalar_of<OB>, T> &&
-                    std::is_same_v<detail::scalar_of<LB>, T>,
-                "merge_attention_partials: one element type");
-  const char* fn = "merge_attention_partials";
-  const TensorView<const T, 4> oa = detail::const_view(out_a), ob = detail::const_view(out_b);
-  const TensorView<const T, 3> la = detail::const_view(lse_a), lb = detail::const_view(lse_b);
-  detail::check_shape<4>(fn, "out_b", ob.shape(), oa.shape());
-  detail::check_shape<3>(fn, "lse_a", la.shape(), {oa.dim(0), oa.dim(1), oa.dim(2)});
-  detail::check_shape<3>(fn, "lse_b", lb.shape(), {oa.dim(0), oa.dim(1), oa.dim(2)});
-  AttentionPartial<T> merged{Tensor<T, 4>(oa.shape()), Tensor<T, 3>(la.shape())};
-  for (Index b = 0; b < oa.dim(0); ++b)
-    for (Index h = 0; h < oa.dim(1); ++h)
-      for (Index i = 0; i < oa.dim(2); ++i)
-        merged.lse(b, h, i) = detail::merge_partial_rows(la(b, h, i), as_vector(oa[b][h][i]), lb(b, h, i),
-                                                         as_vector(ob[b][h][i]), as_vector(merged.out[b][h][i]));
-  return merged;
-}
 
 }  // namespace selfattn

@@ -470,22 +470,20 @@ class MultiHeadAttention {
 
   static constexpr const char* step_name = "MultiHeadAttention::step";
 
-  /// Sequence b's part of a broadcastable (B|1, H|1, Lq|1, Lk|1) mask: its first `rows` queries, `keys` keys.
-  template <typename U>
-  static TensorView<const U, 4> slice_for_batch(const TensorView<const U, 4>& m, Index b, Index rows, Index keys) {
-    if (!m.data()) return m;
-    return TensorView<const U, 4>(m.data() + (m.dim(0) == 1 ? 0 : b * m.stride(0)),
-                                  {1, m.dim(1), m.dim(2) == 1 ? 1 : rows, m.dim(3) == 1 ? 1 : keys}, m.strides());
-  }
-
   /// A (1, heads, rows, D) view of rows [row, row + rows) of batch b of a (B, heads, L, D) view.
   template <typename U>
   static TensorView<U, 4> rows_of(const TensorView<U, 4>& x, Index b, Index row, Index rows) {
     return TensorView<U, 4>(x.data() + b * x.stride(0) + row * x.stride(2), {1, x.dim(1), rows, x.dim(3)}, x.strides());
   }
+  /// A (1, heads, rows) view of rows [row, row + rows) of batch b of a (B, heads, L) view.
+  template <typename U>
+  static TensorView<U, 3> rows_of3(const TensorView<U, 3>& x, Index b, Index row, Index rows) {
+    return TensorView<U, 3>(x.data() + b * x.stride(0) + row * x.stride(2), {1, x.dim(1), rows}, x.strides());
+  }
 
-  void validate_step(const TensorView<const T, 3>& x, const KVCache<T>& cache, const AttentionOptions<T>& opts,
-                     const std::vector<Index>& adds) const {
+  /// Checks every argument of step before any work; returns the real new rows of each sequence.
+  std::vector<Index> validate_step(const TensorView<const T, 3>& x, const KVCache<T>& cache,
+                                   const AttentionOptions<T>& opts, const std::vector<Index>& new_tokens) const {
     if (config_.kdim != config_.embed_dim || config_.vdim != config_.embed_dim)
       detail::throw_invalid(step_name, "cfg", "step is self-attention: kdim and vdim must equal embed_dim");
     detail::check_shape<3>(step_name, "x_new", x.shape(), {cache.batch(), detail::any_extent, config_.embed_dim});
@@ -494,95 +492,42 @@ class MultiHeadAttention {
                                 "made for " + std::to_string(cache.kv_heads()) + " key/value heads of dim " +
                                     std::to_string(cache.head_dim()) + ", the module has " +
                                     std::to_string(config_.num_kv_heads) + " of dim " + std::to_string(head_dim_));
-    for (std::size_t b = 0; b < adds.size(); ++b)
-      if (adds[b] < 0 || adds[b] > x.dim(1))
+    const Index batch = x.dim(0), new_len = x.dim(1);
+    if (!new_tokens.empty() && static_cast<Index>(new_tokens.size()) != batch)
+      detail::throw_shape_error(step_name, "new_tokens",
+                                "expected " + std::to_string(batch) + " entries (one per sequence), got " +
+                                    std::to_string(new_tokens.size()));
+    std::vector<Index> counts = new_tokens.empty() ? std::vector<Index>(static_cast<std::size_t>(batch), new_len) : new_tokens;
+    Index longest = 0;
+    for (std::size_t b = 0; b < counts.size(); ++b) {
+      if (counts[b] < 0 || counts[b] > new_len)
         detail::throw_invalid(step_name, "new_tokens[" + std::to_string(b) + "]",
-                              "expected a value in [0, " + std::to_string(x.dim(1)) + "], got " + std::to_string(adds[b]));
+                              "expected a value in [0, " + std::to_string(new_len) + "], got " + std::to_string(counts[b]));
+      longest = std::max(longest, cache.lengths()[b] + counts[b]);
+    }
     check_params(step_name);
     if (config_.alibi && !opts.alibi_slopes.empty())
       detail::throw_invalid(step_name, "opts.alibi_slopes", "must be empty when cfg.alibi is set (ALiBi added twice)");
-    if (cache.policy().evicts() && (opts.allowed.data() || opts.bias.data() || !opts.key_lengths.empty() ||
-                                    opts.window_left != -1 || opts.window_right != -1))
+    const bool evicting = cache.policy().evicts();
+    if (evicting && (opts.allowed.data() || opts.bias.data() || !opts.key_lengths.empty() || opts.window_left != -1 ||
+                     opts.window_right != -1))
       detail::throw_invalid(step_name, "opts",
                             "masks (allowed, bias, key_lengths, windows) are not supported with an evicting cache policy");
+    detail::validate_options(step_name, opts, batch, config_.num_heads, new_len, evicting ? 1 : longest);
+    if (!evicting && !cache.fits(longest))
+      detail::throw_invalid(step_name, "cache", "a fixed capacity of " + std::to_string(cache.policy().capacity) +
+                                                    " tokens cannot hold " + std::to_string(longest));
+    return counts;
   }
 
-  /// Attention of `rows` new query rows of sequence b (from row `row` of q) over its first `keys` cached keys.
-  void attend_cached(const TensorView<const T, 4>& q, const TensorView<const T, 4>& keys,
-                     const TensorView<const T, 4>& values, const AttentionOptions<T>& opts, Index b, Index row, Index rows,
-                     Index key_count, const TensorView<T, 4>& attention) const {
-    if (rows == 0) return;
-    AttentionOptions<T> ob = opts;  // sequence b alone: batch extent 1, its own key count
-    if (!opts.key_lengths.empty()) ob.key_lengths = {std::min(opts.key_lengths[static_cast<std::size_t>(b)], key_count)};
-    ob.allowed = slice_for_batch(opts.allowed, b, rows, key_count);
-    ob.bias = slice_for_batch(opts.bias, b, rows, key_count);
-    const TensorView<const T, 4> qb = rows_of(q, b, row, rows);
-    const TensorView<const T, 4> kb(keys.data() + b * keys.stride(0), {1, keys.dim(1), key_count, keys.dim(3)}, keys.strides());
-    const TensorView<const T, 4> vb(values.data() + b * values.stride(0), {1, values.dim(1), key_count, values.dim(3)},
-                                    values.strides());
-    const TensorView<T, 4> out = rows_of(attention, b, row, rows);
-    if (rows <= 16) {  // few queries over many keys: the decode kernel splits the keys
-      Tensor<T, 3> lse({1, config_.num_heads, rows});
-      detail::decode_forward(detail::make_params(qb, kb, vb, ob), detail::ForwardOutputs<T>{out, lse.view(), {}});
-    } else {  // a prefill: ordinary attention
-      const Tensor<T, 4> result = detail::sdpa_forward_views<T>(step_name, qb, kb, vb, ob).out;
-      for (Index h = 0; h < config_.num_heads; ++h) as_matrix(out[0][h]) = as_matrix(result[0][h]);
-    }
-  }
-
-  /// Drops sequence b's oldest non-sink tokens beyond the window. Positions stay positions within the cache:
-  /// the kept window keys were rotated at their absolute positions, which differ from their in-cache
-  /// positions by the same count `evicted` as the query's; RoPE depends only on differences, so only the
-  /// sinks need turning forward by `evicted`, from their first rotation (one rotation, no drift).
-  void evict(KVCache<T>& cache, Index b) const {
-    const Index sinks = cache.policy_.sink_tokens, window = cache.policy_.window;
-    Index& length = cache.lengths_[static_cast<std::size_t>(b)];
-    if (length <= sinks + window) return;
-    const Index dropped = length - (sinks + window), row_size = head_dim_;
-    for (Index h = 0; h < config_.num_kv_heads; ++h)
-      for (Tensor<T, 4>* plane : {&cache.keys_, &cache.values_}) {
-        T* base = plane->data() + (b * plane->dim(1) + h) * plane->dim(2) * row_size;
-        std::memmove(base + sinks * row_size, base + (sinks + dropped) * row_size,
-                     static_cast<std::size_t>(window * row_size) * sizeof(T));
-      }
-    length = sinks + window;
-    if (!rope_ || sinks == 0) return;
-    const Index evicted = cache.seen_[static_cast<std::size_t>(b)] - length;
-    for (Index h = 0; h < config_.num_kv_heads; ++h)
-      for (Index s = 0; s < sinks; ++s) {
-        as_vector(cache.keys_[b][h][s]) = as_vector(cache.sink_keys_[b][h][s]);
-        rope_->apply(TensorView<T, 4>(&cache.keys_(b, h, s, 0), {1, 1, 1, head_dim_}), evicted);
-      }
-  }
-
-  /// Writes new token `l` of sequence b (keys k, values v) into cache row `slot` (capacity is ensured).
-  void append(KVCache<T>& cache, const TensorView<T, 4>& keys, const TensorView<T, 4>& values,
-              const TensorView<const T, 4>& k, const TensorView<const T, 4>& v, Index b, Index l, Index slot) const {
-    for (Index h = 0; h < config_.num_kv_heads; ++h) {
-      as_vector(keys[b][h][slot]) = as_vector(k[b][h][l]);
-      as_vector(values[b][h][slot]) = as_vector(v[b][h][l]);
-      if (slot < cache.policy_.sink_tokens) as_vector(cache.sink_keys_[b][h][slot]) = as_vector(k[b][h][l]);
-    }
-  }
-
+  /// The data walk of step: project -> rotate at each sequence's next positions -> append to the cache -> attend
+  /// over the cache's views (the public sdpa path) -> merge heads -> output projection.
   Tensor<T, 3> step_views(const TensorView<const T, 3>& x, KVCache<T>& cache, const AttentionOptions<T>& opts,
                           const std::vector<Index>& new_tokens) const {
+    const std::vector<Index> counts = validate_step(x, cache, opts, new_tokens);
     const Index batch = x.dim(0), new_len = x.dim(1);
-    std::vector<Index> adds = new_tokens.empty() ? std::vector<Index>(static_cast<std::size_t>(std::max<Index>(batch, 0)), new_len)
-                                                 : new_tokens;
-    if (!new_tokens.empty() && static_cast<Index>(new_tokens.size()) != cache.batch())
-      detail::throw_shape_error(step_name, "new_tokens",
-                                "expected " + std::to_string(cache.batch()) + " entries (one per sequence), got " +
-                                    std::to_string(new_tokens.size()));
-    validate_step(x, cache, opts, adds);
-    Index longest = 0;
-    for (Index b = 0; b < batch; ++b)
-      longest = std::max(longest, cache.lengths_[static_cast<std::size_t>(b)] + adds[static_cast<std::size_t>(b)]);
-    const bool evicting = cache.policy_.evicts();
-    detail::validate_options(step_name, opts, batch, config_.num_heads, new_len, evicting ? 1 : longest);
-    const Index capacity = cache.required_capacity(step_name, longest);
 
-    // Project and rotate the new tokens: sequence b's row l at absolute position positions()[b] + l.
+    // Project the new tokens and rotate them: sequence b's row l at absolute position positions()[b] + l.
     MhaForward<T> f;
     f.query = f.key = f.value = x;
     project(f);
@@ -590,55 +535,40 @@ class MultiHeadAttention {
     const TensorView<T, 4> k = split_heads(f.k.view(), config_.num_kv_heads);
     const TensorView<T, 4> v = split_heads(f.v.view(), config_.num_kv_heads);
     if (rope_) {
-      rope_->apply(q, cache.seen_);
-      rope_->apply(k, cache.seen_);
+      rope_->apply(q, cache.positions());
+      rope_->apply(k, cache.positions());
     }
+
+    // Append and attend, sequence by sequence, with Causal::bottom_right over everything cached. An evicting
+    // cache takes one row at a time, so that every row sees exactly the sinks and the last `window` tokens.
     AttentionOptions<T> attention_opts = opts;
     attention_opts.causal = Causal::bottom_right;
     attention_opts.dropout_p = T(0);
     attention_opts.need_weights = false;
     if (config_.alibi) attention_opts.alibi_slopes = alibi_;
-    Tensor<T, 4> attention({batch, config_.num_heads, new_len, head_dim_});
-    Tensor<T, 4> grown_keys, grown_values;
-    if (capacity != cache.capacity()) cache.grown_copy(capacity, grown_keys, grown_values);
-    const bool grown = grown_keys.data() != nullptr;
-    const TensorView<T, 4> keys = grown ? grown_keys.view() : cache.keys_.view();
-    const TensorView<T, 4> values = grown ? grown_values.view() : cache.values_.view();
-
-    if (!evicting) {
-      // New rows go past each sequence's length: invisible until the lengths change at the end.
-      for (Index b = 0; b < batch; ++b)
-        for (Index l = 0; l < adds[static_cast<std::size_t>(b)]; ++l)
-          append(cache, keys, values, k, v, b, l, cache.lengths_[static_cast<std::size_t>(b)] + l);
-      for (Index b = 0; b < batch; ++b) {
-        const Index count = cache.lengths_[static_cast<std::size_t>(b)] + adds[static_cast<std::size_t>(b)];
-        attend_cached(q, keys, values, attention_opts, b, 0, adds[static_cast<std::size_t>(b)], count, attention.view());
-      }
-      if (grown) {
-        cache.keys_ = std::move(grown_keys);
-        cache.values_ = std::move(grown_values);
-      }
-      for (Index b = 0; b < batch; ++b) {
-        cache.lengths_[static_cast<std::size_t>(b)] += adds[static_cast<std::size_t>(b)];
-        cache.seen_[static_cast<std::size_t>(b)] += adds[static_cast<std::size_t>(b)];
-      }
-    } else {
-      // One row at a time, so that every row sees exactly the sinks and the last `window` tokens.
-      if (grown) {
-        cache.keys_ = std::move(grown_keys);
-        cache.values_ = std::move(grown_values);
-      }
-      for (Index l = 0; l < new_len; ++l)
+    Tensor<T, 4> attention({batch, config_.num_heads, new_len, head_dim_});  // padding rows stay 0
+    Tensor<T, 3> lse({batch, config_.num_heads, new_len});
+    const std::vector<Index> lengths_before = cache.lengths();
+    const bool evicting = cache.policy().evicts();
+    const Index rows_per_pass = evicting ? 1 : new_len;
+    try {
+      for (Index l0 = 0; l0 < new_len; l0 += rows_per_pass)
         for (Index b = 0; b < batch; ++b) {
-          if (l >= adds[static_cast<std::size_t>(b)]) continue;
-          Index& length = cache.lengths_[static_cast<std::size_t>(b)];
-          append(cache, cache.keys_.view(), cache.values_.view(), k, v, b, l, length);
-          ++length;
-          ++cache.seen_[static_cast<std::size_t>(b)];
-          evict(cache, b);  // first: the row sees the sinks and the last `window` tokens, itself included
-          attend_cached(q, cache.keys_.view(), cache.values_.view(), attention_opts, b, l, 1, length, attention.view());
+          const Index rows = std::min(rows_per_pass, counts[static_cast<std::size_t>(b)] - l0);
+          if (rows <= 0) continue;
+          cache.append(b, rows_of(k, b, l0, rows)[0], rows_of(v, b, l0, rows)[0], rope_ ? &*rope_ : nullptr);
+          const Index keys = cache.lengths()[static_cast<std::size_t>(b)];
+          detail::sdpa_forward_into_views<T>(step_name, rows_of(q, b, l0, rows), cache.sequence_keys(b),
+                                             cache.sequence_values(b), rows_of(attention.view(), b, l0, rows),
+                                             rows_of3(lse.view(), b, l0, rows),
+                                             detail::options_for_sequence(attention_opts, b, l0, rows, keys));
         }
+    } catch (...) {  // out of memory mid-step: a keep-all cache goes back to where it was
+      if (!evicting)
+        for (Index b = 0; b < batch; ++b) cache.truncate(b, lengths_before[static_cast<std::size_t>(b)]);
+      throw;
     }
+
     const Tensor<T, 3> merged = merge_heads(attention);
     Tensor<T, 3> output({batch, new_len, config_.embed_dim});
     detail::linear_into<T>(merged.view(), params_.out_weight.view(), params_.out_bias.view(), output.view());

@@ -1,0 +1,67 @@
+// selfattn/detail/decode_general.hpp — the general decode path: any mask, bias, ALiBi or dropout, each chunk's two
+// products through Eigen. The fast paths (decode_grouped.hpp, decode_streaming.hpp) take the calls without
+// per-element masks or dropout; this one takes the rest. Chunks and their merge: decode.hpp.
+#pragma once
+
+#include <selfattn/detail/decode_rows.hpp>
+#include <selfattn/detail/mask.hpp>
+#include <selfattn/detail/params.hpp>
+#include <selfattn/detail/softmax.hpp>
+#include <selfattn/tensor.hpp>
+
+#include <Eigen/Core>
+
+namespace selfattn::detail {
+
+/// The general path as decode.hpp's driver runs it. Partials are row-major: acc (R, Dv).
+template <typename T>
+struct GeneralDecode {
+  using Queries = RowMajorMatrix<T>;  // (R, D), the rows' queries (unscaled, as the reference multiplies)
+
+  static Index lanes(Index rows) { return rows; }
+  static constexpr bool lane_major = false;
+  static Index scratch_size(Index rows) { return rows * decode_chunk; }
+
+  static Queries prepare(const AttentionParams<T>& p, const DecodeRows<T>& rows) {
+    Queries q(rows.rows(), p.head_dim());
+    for (Index r = 0; r < rows.rows(); ++r) q.row(r) = as_vector(p.q[rows.batch][rows.head(r)][rows.query_row(r)]);
+    return q;
+  }
+
+  /// One chunk, in the reference's passes:
+  ///   1. s_rj = scale * q_r . k_j (one GEMM), then the final scores of MaskParams::score where masks apply
+  ///   2. p_rj = exp(s_rj - m_r) by softmax_row: the partial's max and sum (before dropout)
+  ///   3. acc_r = sum_j p_rj keep_rj v_j: one GEMM when nothing is masked or dropped; otherwise row by row,
+  ///      skipping zero weights (a NaN value at a masked key must not reach the output)
+  static void chunk(const Queries& q, const DecodeRows<T>& rows, const AttentionParams<T>& p,
+                    const DecodeChunk<T>& chunk, Index value_dim, T* scratch, const DecodePartial<T>& part) {
+    const Index n = chunk.hi - chunk.lo, head_dim = p.head_dim(), b = rows.batch;
+    const auto k = as_matrix(TensorView<const T, 2>(chunk.k + chunk.lo * chunk.ldk, {n, head_dim}, {chunk.ldk, 1}));
+    const auto v = as_matrix(TensorView<const T, 2>(chunk.v + chunk.lo * chunk.ldv, {n, value_dim}, {chunk.ldv, 1}));
+    Eigen::Map<RowMajorMatrix<T>> s(scratch, rows.rows(), n);
+    s.noalias() = p.scale * (q * k.transpose());  // 1.
+    const bool per_element = chunk.masked || p.mask.has_element_masks() || p.mask.has_alibi();
+    for (Index r = 0; r < rows.rows(); ++r) {
+      const Index h = rows.head(r), i = rows.query_row(r);
+      T* s_row = scratch + r * n;
+      if (per_element)
+        for (Index c = 0; c < n; ++c)
+          s_row[c] = p.mask.score(rows.masks[static_cast<std::size_t>(r)], b, h, i, chunk.lo + c, s_row[c]);
+      part.max[r] = micro::softmax_row(s_row, n, part.sum + r);  // 2.
+      if (p.dropout.active())  // after the sum: it is before dropout; the values see the kept probabilities
+        for (Index c = 0; c < n; ++c)
+          if (!p.dropout.keep(b, h, i, chunk.lo + c)) s_row[c] = T(0);
+    }
+    Eigen::Map<RowMajorMatrix<T>> acc(part.acc, rows.rows(), value_dim);  // 3.
+    if (!per_element && !p.dropout.active()) {
+      acc.noalias() = s * v;
+      return;
+    }
+    acc.setZero();
+    for (Index r = 0; r < rows.rows(); ++r)
+      for (Index c = 0; c < n; ++c)
+        if (s(r, c) != T(0)) acc.row(r) += s(r, c) * v.row(c);
+  }
+};
+
+}  // namespace selfattn::detail

@@ -1,0 +1,104 @@
+// selfattn/detail/decode_rows.hpp — what the three decode paths (decode_general.hpp, decode_grouped.hpp,
+// decode_streaming.hpp) share: the query rows of one (batch, key/value head) with their masks, and the partial
+// result a path writes for one chunk of keys. The driver that cuts the keys into chunks, runs a path on each and
+// merges the partials is decode.hpp.
+//
+// Decoding computes few query rows over many keys: every key and value row of a key/value head serves the
+// R = G * Lq query rows of its group (G = H / Hkv query heads, Lq rows each), so the decode kernel works per
+// (batch, key/value head) on all R rows at once, row r = g * Lq + i being query row i of head kv_head * G + g.
+#pragma once
+
+#include <selfattn/detail/mask.hpp>
+#include <selfattn/detail/params.hpp>
+#include <selfattn/detail/softmax.hpp>
+#include <selfattn/tensor.hpp>
+
+#include <algorithm>
+#include <vector>
+
+namespace selfattn::detail {
+
+/// Keys per chunk of every decode path: 256 rows of K and V (D = 128, float: 128 KB each) and the next chunk's,
+/// prefetched while this one is computed, fit in L2 together, and a chunk's scores (256 keys x 16 float lanes:
+/// 16 KB) stay in L1; 32k keys give 128 chunks per key/value head to share among threads. (128 and 512 measured
+/// within noise of 256 on both fast paths.)
+constexpr Index decode_chunk = 256;
+
+/// The R query rows of one (batch b, key/value head kv_head), their masks (MaskParams::row) and the key spans
+/// the chunks need.
+template <typename T>
+struct DecodeRows {
+  Index batch = 0;                  ///< b
+  Index kv_head = 0;                ///< the key/value head
+  Index group = 1;                  ///< G, query heads per key/value head
+  Index q_len = 0;                  ///< Lq
+  std::vector<RowMask<T>> masks;    ///< one per row r
+  Index first_key = 0;              ///< keys some row may see: [first_key, last_key)
+  Index last_key = 0;
+  Index common_begin = 0;           ///< keys every row sees: [common_begin, common_end)
+  Index common_end = 0;
+
+  Index rows() const { return static_cast<Index>(masks.size()); }
+  Index head(Index r) const { return kv_head * group + r / q_len; }  ///< the query head of row r
+  Index query_row(Index r) const { return r % q_len; }              ///< i of row r
+  /// Whether every row sees every key of [lo, hi): then a chunk needs no range check at all.
+  bool all_see(Index lo, Index hi) const { return common_begin <= lo && hi <= common_end; }
+};
+
+template <typename T>
+DecodeRows<T> decode_rows(const AttentionParams<T>& p, Index b, Index kv_head) {
+  DecodeRows<T> rows;
+  rows.batch = b;
+  rows.kv_head = kv_head;
+  rows.group = p.group();
+  rows.q_len = p.q_len();
+  rows.first_key = p.k_len();
+  rows.common_end = p.k_len();
+  for (Index r = 0; r < rows.group * rows.q_len; ++r) {
+    const RowMask<T> mask = p.mask.row(b, rows.head(r), rows.query_row(r));
+    rows.masks.push_back(mask);
+    rows.first_key = std::min(rows.first_key, mask.keys.begin);
+    rows.last_key = std::max(rows.last_key, mask.keys.end);
+    rows.common_begin = std::max(rows.common_begin, mask.keys.begin);
+    rows.common_end = std::min(rows.common_end, mask.keys.end);
+  }
+  return rows;
+}
+
+/// The unnormalised partial result of one chunk (softmax.hpp's rule 5): per row r its maximum m_r and sum
+/// l_r = sum_j exp(s_rj - shift(m_r)), and acc(r, e) = sum_j exp(s_rj - shift(m_r)) w_rj v_j[e] (w the dropout
+/// factor) at acc[r * row_stride + e * column_stride]: row-major (column_stride 1) or lane-major (row_stride 1).
+template <typename T>
+struct DecodePartial {
+  T* max;
+  T* sum;
+  T* acc;
+  Index row_stride;
+  Index column_stride;
+
+  T& value(Index r, Index e) const { return acc[r * row_stride + e * column_stride]; }
+};
+
+/// A chunk no row sees: every row empty (max -inf, sum 0, acc 0).
+template <typename T>
+void empty_partial(const DecodePartial<T>& part, Index lanes, Index value_dim) {
+  std::fill(part.max, part.max + lanes, -std::numeric_limits<T>::infinity());
+  std::fill(part.sum, part.sum + lanes, T(0));
+  std::fill(part.acc, part.acc + lanes * value_dim, T(0));
+}
+
+/// Where one chunk's keys are: rows [lo, hi) of this (batch, key/value head)'s K and V, and the keys of the next
+/// chunk some row may see, [hi, next_end), which a path may prefetch while it computes this one.
+template <typename T>
+struct DecodeChunk {
+  const T* k;     ///< key row 0 of the head; row j at k + j * ldk
+  Index ldk;
+  const T* v;     ///< value row 0 of the head; row j at v + j * ldv
+  Index ldv;
+  Index lo;       ///< first key of the chunk that some row sees
+  Index hi;       ///< one past the last
+  Index next_end; ///< one past the last key of the next chunk some row sees
+  bool masked;    ///< some row does not see every key of [lo, hi)
+};
+
+}  // namespace selfattn::detail

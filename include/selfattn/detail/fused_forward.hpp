@@ -1,0 +1,214 @@
+// selfattn/detail/fused_forward.hpp — the fused forward kernel: tiled online softmax (FlashAttention), query rows
+// in the SIMD lanes, O(tile) scratch memory; never holds an (Lq, Lk) matrix. Layout and tile sizes: fused_tiles.hpp.
+#pragma once
+
+#include <selfattn/detail/fused_tiles.hpp>
+#include <selfattn/detail/mask.hpp>
+#include <selfattn/detail/microkernels.hpp>
+#include <selfattn/detail/params.hpp>
+#include <selfattn/detail/softmax.hpp>
+#include <selfattn/detail/threads.hpp>
+#include <selfattn/tensor.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+namespace selfattn::detail {
+
+/// Scratch memory of one forward thread: O(tile), independent of Lq and Lk.
+template <typename T>
+struct ForwardWorkspace {
+  static constexpr Index lanes = FusedTiles<T>::lanes;
+  micro::Buffer<T> qt;     // (D, lanes): the block's queries, transposed
+  micro::Buffer<T> s;      // (forward_keys, lanes): scores, then probabilities, of one tile
+  micro::Buffer<T> ot;     // (Dv, lanes): unnormalised output, transposed
+  micro::Buffer<T> state;  // 5 x lanes: running max m, running sum l, rescale alpha, key range lo, hi
+
+  ForwardWorkspace(Index head_dim, Index value_dim)
+      : qt(static_cast<std::size_t>(head_dim * lanes)),
+        s(static_cast<std::size_t>(FusedTiles<T>::forward_keys * lanes)),
+        ot(static_cast<std::size_t>(value_dim * lanes)),
+        state(static_cast<std::size_t>(5 * lanes)) {}
+
+  static std::size_t bytes(Index head_dim, Index value_dim) {
+    return sizeof(T) * static_cast<std::size_t>((head_dim + FusedTiles<T>::forward_keys + value_dim + 5) * lanes);
+  }
+};
+
+/// Bytes of scratch memory one thread of fused_forward allocates (besides the outputs): O(tile), no Lq, no Lk.
+template <typename T>
+std::size_t fused_forward_workspace_bytes(Index head_dim, Index value_dim) {
+  return ForwardWorkspace<T>::bytes(head_dim, value_dim);
+}
+
+/// The forward of one block of `lanes` query rows [i0, i0 + lanes) of (batch b, head h), over every key tile.
+///   1. Q^T of the block: S^T = K Q^T then holds q_i . k_j in column i.
+///   2. per key tile: S^T = scale K_tile Q^T (micro-kernel), masks (partial tiles: the per-row key range; `allowed`,
+///      bias, ALiBi: per element), tile max per query lane
+///   3. online softmax per lane: m' = max(m, tile max), alpha = exp(m - m'), l = alpha l + sum_j exp(s_ij - m'),
+///      P_ij = exp(s_ij - m') (0 where masked), dropped entries (dropout stream) set to 0 in P after the sum
+///   4. O^T = alpha O^T + V_tile^T P^T (micro-kernel; the safe one when the tile's values hold inf or NaN)
+///   5. finish_row (softmax.hpp): o_i = O_i / l_i * 1 / (1 - p), lse_i = m_i + log l_i; a row with l_i == 0 (no
+///      allowed key) gets o_i = 0, lse_i = -inf.
+template <typename T>
+void fused_forward_block(const AttentionParams<T>& p, const ForwardOutputs<T>& result, Index b, Index h, Index i0,
+                         ForwardWorkspace<T>& w) {
+  using P = micro::Packet<T>;
+  using namespace Eigen::internal;
+  constexpr Index ps = micro::packet_size<T>;
+  constexpr int nv = micro::micro_packets;
+  constexpr Index lanes = FusedTiles<T>::lanes;
+  constexpr Index tile_keys = FusedTiles<T>::forward_keys;
+  constexpr T minus_infinity = -std::numeric_limits<T>::infinity();
+  const MaskParams<T>& mask = p.mask;
+  const Index rows = std::min(lanes, p.q_len() - i0);
+  const Index head_dim = p.q.dim(3), value_dim = p.value_dim(), hk = p.kv_head(h);
+
+  // 1. Q^T (D, lanes); lanes past the last row stay 0 (their results are never written).
+  T* qt = w.qt.data();
+  std::fill(w.qt.begin(), w.qt.end(), T(0));
+  const T* q = row_pointer(p.q, b, h, i0);
+  for (Index i = 0; i < rows; ++i)
+    for (Index d = 0; d < head_dim; ++d) qt[d * lanes + i] = q[i * p.q.stride(2) + d];
+
+  T* m = w.state.data();
+  T* l = m + lanes;
+  T* alpha = l + lanes;
+  T* lo = alpha + lanes;
+  T* hi = lo + lanes;
+  std::fill(m, m + lanes, minus_infinity);
+  std::fill(l, l + lanes, T(0));
+  std::fill(w.ot.begin(), w.ot.end(), T(0));
+  std::array<RowMask<T>, lanes> row_masks{};
+  for (Index i = 0; i < rows; ++i) row_masks[static_cast<std::size_t>(i)] = mask.row(b, h, i0 + i);
+  const KeyRange first = row_masks[0].keys, last = row_masks[static_cast<std::size_t>(rows - 1)].keys;
+  const bool element_masks = mask.has_element_masks() || mask.has_alibi();
+
+  const T* k = row_pointer(p.k, b, hk, 0);
+  const T* v = row_pointer(p.v, b, hk, 0);
+  const Index k_stride = p.k.stride(2), v_stride = p.v.stride(2);
+  T* s = w.s.data();
+  T* ot = w.ot.data();
+  const P scale = pset1<P>(p.scale);
+  // Key tiles from the first row's first key to the last row's last: nothing outside is visible to any row.
+  for (Index j0 = first.begin; j0 < last.end; j0 += tile_keys) {
+    const Index width = std::min(tile_keys, last.end - j0);
+    const bool full = last.begin <= j0 && first.end >= j0 + width;  // inside every row's range
+
+    // 2. S^T (width, lanes) = scale K_tile Q^T. The scale multiplies the finished dot product, exactly as in
+    // the backward: both compute bitwise the same s_ij, so the backward's exp(s_ij - lse_i) sees the rounding
+    // errors the forward's lse_i saw, and they cancel (as they do in the reference kernel).
+    // The tile max per lane is taken here too, from the registers (exact for a full tile; a partial tile's
+    // masks lower some scores, so its max is taken again after them).
+    P tmax[nv];
+    micro::unroll<nv>([&](auto c) { tmax[c] = pset1<P>(minus_infinity); });
+    const auto store_scores = [&](Index m0, auto& acc) SELFATTN_INLINE_LAMBDA {
+      constexpr int R = static_cast<int>(std::extent_v<std::remove_reference_t<decltype(acc)>>);
+      micro::unroll<R>([&](auto r) {
+        micro::unroll<nv>([&](auto c) {
+          const P score = pmul(acc[r][c], scale);
+          tmax[c] = pmax(tmax[c], score);
+          pstoreu(s + (m0 + r) * lanes + c * ps, score);
+        });
+      });
+    };
+    micro::gemm<T, nv>(false, width, head_dim, k + j0 * k_stride, k_stride, 1, qt, lanes, store_scores);
+    const bool masked = !full || element_masks;
+    if (!full) {  // the structural masks of a partial tile: keep lo_i <= jj < hi_i, per lane
+      for (Index i = 0; i < lanes; ++i) {
+        const KeyRange range = i < rows ? row_masks[static_cast<std::size_t>(i)].keys : KeyRange{};  // padding: empty
+        lo[i] = static_cast<T>(std::clamp<Index>(range.begin - j0, 0, width));
+        hi[i] = static_cast<T>(std::clamp<Index>(range.end - j0, 0, width));
+      }
+      for (Index jj = 0; jj < width; ++jj) {
+        const P key = pset1<P>(static_cast<T>(jj));
+        for (Index c = 0; c < lanes; c += ps)
+          pstoreu(s + jj * lanes + c, select_in_range<T>(ploadu<P>(s + jj * lanes + c), ploadu<P>(lo + c),
+                                                         ploadu<P>(hi + c), key));
+      }
+    }
+    if (element_masks)  // `allowed`, bias and ALiBi: per element, only when given
+      for (Index jj = 0; jj < width; ++jj)
+        for (Index i = 0; i < rows; ++i) {
+          T& score = s[jj * lanes + i];
+          if (score != minus_infinity) score = mask.score(row_masks[static_cast<std::size_t>(i)], b, h, i0 + i, j0 + jj, score);
+        }
+
+    // 3. Online softmax, one query per lane.
+    for (Index c = 0; c < lanes; c += ps) {
+      P tile_max = tmax[c / ps];
+      if (masked) {
+        tile_max = pset1<P>(minus_infinity);
+        for (Index jj = 0; jj < width; ++jj) tile_max = pmax(tile_max, ploadu<P>(s + jj * lanes + c));
+      }
+      // m' = max(m, tile max); alpha = exp(m - m'), 0 while the lane has seen no key (softmax.hpp's rules).
+      const micro::Rescale<T> rescale = micro::raise_max<T>(ploadu<P>(m + c), tile_max);
+      pstoreu(alpha + c, rescale.alpha);
+      pstoreu(m + c, rescale.max);
+      P sum = pmul(rescale.alpha, ploadu<P>(l + c));
+      for (Index jj = 0; jj < width; ++jj) {
+        const P prob = micro::exp_or_zero<T>(ploadu<P>(s + jj * lanes + c), rescale.shift);
+        pstoreu(s + jj * lanes + c, prob);
+        sum = padd(sum, prob);
+      }
+      pstoreu(l + c, sum);
+    }
+    if (p.dropout.active())  // the sum above is before dropout (lse and l are); the values see the kept ones
+      for (Index jj = 0; jj < width; ++jj)
+        for (Index i = 0; i < rows; ++i)
+          if (!p.dropout.keep(b, h, i0 + i, j0 + jj)) s[jj * lanes + i] = T(0);
+
+    // 4. O^T = alpha O^T + V_tile^T P^T: rows dv, depth the tile's keys, A(dv, j) = v_j[dv].
+    const bool values_finite = micro::all_finite(v + j0 * v_stride, width, value_dim, v_stride);
+    const auto rescale_and_add = [&](Index m0, auto& acc) SELFATTN_INLINE_LAMBDA {
+      constexpr int R = static_cast<int>(std::extent_v<std::remove_reference_t<decltype(acc)>>);
+      micro::unroll<R>([&](auto r) {
+        T* row = ot + (m0 + r) * lanes;
+        micro::unroll<nv>([&](auto c) {
+          pstoreu(row + c * ps, pmadd(ploadu<P>(row + c * ps), ploadu<P>(alpha + c * ps), acc[r][c]));
+        });
+      });
+    };
+    micro::gemm<T, nv>(!values_finite, value_dim, width, v + j0 * v_stride, 1, v_stride, s, lanes, rescale_and_add);
+  }
+
+  // 5. Normalise and write out, lse.
+  const T keep_scale = p.dropout.active() ? p.dropout.keep_scale() : T(1);
+  for (Index i = 0; i < rows; ++i) {
+    const FinishedRow<T> finished = finish_row(m[i], l[i], keep_scale);
+    T* out = row_pointer(result.out, b, h, i0 + i);
+    for (Index d = 0; d < value_dim; ++d) out[d] = finished.output(ot[d * lanes + i]);
+    element(result.lse, b, h, i0 + i) = finished.lse;
+  }
+}
+
+/// The fused forward: out and lse of every (batch, head, query row), never the weights. Threads share the
+/// blocks of `lanes` query rows of every (batch, head); the most expensive (last, under a causal mask) first.
+template <typename T>
+void fused_forward(const AttentionParams<T>& p, const ForwardOutputs<T>& result) {
+  constexpr Index lanes = FusedTiles<T>::lanes;
+  const Index blocks = ceil_div(p.q_len(), lanes);
+  const Index tasks = p.batch() * p.heads() * blocks;
+  if (tasks == 0) return;
+  const double work = static_cast<double>(tasks * lanes) * static_cast<double>(p.k_len()) *
+                      static_cast<double>(p.q.dim(3) + p.value_dim());
+  const int threads = threads_for(work, tasks);
+  std::vector<ForwardWorkspace<T>> workspaces;  // allocated before any thread starts: a bad_alloc throws here
+  workspaces.reserve(static_cast<std::size_t>(threads));
+  for (int t = 0; t < threads; ++t) workspaces.emplace_back(p.q.dim(3), p.value_dim());
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
+#endif
+  for (Index task = 0; task < tasks; ++task) {
+    const Index block = blocks - 1 - task % blocks, bh = task / blocks;
+    fused_forward_block(p, result, bh / p.heads(), bh % p.heads(), block * lanes,
+                        workspaces[static_cast<std::size_t>(thread_id())]);
+  }
+}
+
+}  // namespace selfattn::detail

@@ -1,0 +1,79 @@
+// selfattn/detail/params.hpp — what every attention kernel receives: the inputs and options of one call as one
+// small struct, filled after validation (attention.hpp), and the views a forward or backward kernel writes.
+// Kernels assume valid input and never throw.
+#pragma once
+
+#include <selfattn/detail/dropout.hpp>
+#include <selfattn/detail/mask.hpp>
+#include <selfattn/tensor.hpp>
+
+#include <algorithm>
+
+namespace selfattn::detail {
+
+/// Everything one attention call needs.
+///
+/// Shapes: q (B, H, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv); query head h reads key/value head
+/// h / (H / Hkv). v may have Dv == 0 when only the weights are wanted.
+template <typename T>
+struct AttentionParams {
+  TensorView<const T, 4> q;
+  TensorView<const T, 4> k;
+  TensorView<const T, 4> v;
+  T scale = T(1);           // s_ij = scale * q_i . k_j (+ the mask's terms)
+  MaskParams<T> mask;       // which keys a row sees, and what is added to its scores
+  DropoutParams<T> dropout;  // which probabilities survive
+
+  Index batch() const { return q.dim(0); }
+  Index heads() const { return q.dim(1); }
+  Index kv_heads() const { return k.dim(1); }
+  Index group() const { return q.dim(1) / k.dim(1); }  ///< G = H / Hkv query heads per key/value head
+  Index q_len() const { return q.dim(2); }
+  Index k_len() const { return k.dim(2); }
+  Index head_dim() const { return q.dim(3); }
+  Index value_dim() const { return v.dim(3); }
+  Index kv_head(Index h) const { return h / group(); }
+};
+
+/// Outputs of a forward kernel: out (B, H, Lq, Dv), lse (B, H, Lq), weights (B, H, Lq, Lk) or absent.
+template <typename T>
+struct ForwardOutputs {
+  TensorView<T, 4> out;
+  TensorView<T, 3> lse;
+  TensorView<T, 4> weights;
+};
+
+/// Inputs and outputs of a backward kernel, shapes of the forward's: out, dout (B, H, Lq, Dv), lse (B, H, Lq);
+/// dq, dk, dv like q, k, v; dbias like the bias (its broadcast shape), absent without a bias.
+template <typename T>
+struct BackwardTensors {
+  TensorView<const T, 4> out;
+  TensorView<const T, 3> lse;
+  TensorView<const T, 4> dout;
+  TensorView<T, 4> dq;
+  TensorView<T, 4> dk;
+  TensorView<T, 4> dv;
+  TensorView<T, 4> dbias;
+};
+
+/// Pointer to element (b, h, l, 0) of a rank-4 view.
+template <typename T>
+T* row_pointer(const TensorView<T, 4>& x, Index b, Index h, Index l) {
+  return x.data() + b * x.stride(0) + h * x.stride(1) + l * x.stride(2);
+}
+
+/// Element (b, h, i) of a rank-3 view (lse).
+template <typename T>
+T& element(const TensorView<T, 3>& x, Index b, Index h, Index i) {
+  return x.data()[b * x.stride(0) + h * x.stride(1) + i * x.stride(2)];
+}
+
+inline Index ceil_div(Index a, Index b) { return (a + b - 1) / b; }
+
+/// Zeroes a contiguous tensor owned by the caller (gradients before accumulation).
+template <typename T>
+void set_zero(const TensorView<T, 4>& x) {
+  std::fill(x.data(), x.data() + x.size(), T(0));
+}
+
+}  // namespace selfattn::detail
