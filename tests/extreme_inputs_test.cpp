@@ -1,6 +1,6 @@
 // Extreme and degenerate inputs (issue 6, part 3), each rule of docs/numerics.md tested on every path that
-// computes attention: the reference kernel, the fused kernel, MultiHeadAttention forward/backward and step
-// (the decode kernel), in float and double.
+// computes attention: the reference, fused and decode kernels (each asked for through opts.kernel; the decode
+// kernel's backward is the fused one), MultiHeadAttention forward/backward and step, in float and double.
 //
 //   - scores of +-1e4 and a scale of 1e3 in float: finite, and as accurate as a naive same-precision
 //     implementation (FlashAttention's rule: error at most 2x the naive one's, both against long double);
@@ -37,9 +37,17 @@ class ExtremeInputsTest : public ::testing::Test {};
 using Scalars = ::testing::Types<float, double>;
 TYPED_TEST_SUITE(ExtremeInputsTest, Scalars, );
 
-const std::vector<Kernel> kernels = {Kernel::reference, Kernel::fused};
+// Every forward kernel of the public dispatch; the decode kernel's backward is the fused one.
+const std::vector<Kernel> kernels = {Kernel::reference, Kernel::fused, Kernel::decode};
 
-std::string kernel_name(Kernel kernel) { return kernel == Kernel::reference ? "reference kernel" : "fused kernel"; }
+std::string kernel_name(Kernel kernel) {
+  switch (kernel) {
+    case Kernel::reference: return "reference kernel";
+    case Kernel::fused: return "fused kernel";
+    case Kernel::decode: return "decode kernel";
+    default: return "automatic choice";
+  }
+}
 
 template <typename T>
 constexpr T inf = std::numeric_limits<T>::infinity();

@@ -69,7 +69,8 @@ BruteForceResult<T> brute_force_attention(const TensorView<const T, 4>& q, const
         Real sum = 0;
         for (Index j = 0; j < Lk; ++j)
           if (on[static_cast<std::size_t>(j)]) sum += std::exp(s[static_cast<std::size_t>(j)] - max);
-        r.lse(b, h, i) = sum > 0 ? static_cast<T>(max + std::log(sum)) : -std::numeric_limits<T>::infinity();
+        // No allowed key: sum 0, lse -inf. A NaN score at an allowed key makes the sum, hence lse, NaN.
+        r.lse(b, h, i) = sum == 0 ? -std::numeric_limits<T>::infinity() : static_cast<T>(max + std::log(sum));
         for (Index j = 0; j < Lk; ++j) {
           const Real p = on[static_cast<std::size_t>(j)] ? std::exp(s[static_cast<std::size_t>(j)] - max) / sum : 0;
           r.weights(b, h, i, j) = static_cast<T>(p);

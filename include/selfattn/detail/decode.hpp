@@ -61,6 +61,41 @@ DecodePath decode_path(const AttentionParams<T>& p) {
   return p.group() * p.q_len() <= streaming_max_rows ? DecodePath::streaming : DecodePath::grouped;
 }
 
+/// Folds partial `next` into `merged` (softmax.hpp's rule 5), vectorised as the partials are laid out: lane-major
+/// ones a packet of rows at a time, the values of a packet of rows per column; row-major ones row
+/// by row, the values of a row a packet at a time under its broadcast weights. `lanes` is the rows' count rounded
+/// as the path lays them out (a whole number of packets when lane-major; padding rows merge as empty rows).
+template <typename T>
+void merge_partials(bool lane_major, const DecodePartial<T>& merged, const DecodePartial<T>& next, Index rows,
+                    Index lanes, Index value_dim) {
+  using namespace Eigen::internal;
+  using P = micro::Packet<T>;
+  constexpr Index ps = micro::packet_size<T>;
+  if (lane_major) {
+    for (Index r = 0; r < lanes; r += ps) {
+      P max = ploadu<P>(merged.max + r), sum = ploadu<P>(merged.sum + r);
+      const micro::MergeWeights<T> weights =
+          micro::merge_partial<T>(max, sum, ploadu<P>(next.max + r), ploadu<P>(next.sum + r));
+      pstoreu(merged.max + r, max);
+      pstoreu(merged.sum + r, sum);
+      for (Index e = 0; e < value_dim; ++e) {
+        T* value = &merged.value(r, e);
+        pstoreu(value, weights.value(ploadu<P>(value), ploadu<P>(&next.value(r, e))));
+      }
+    }
+    return;
+  }
+  for (Index r = 0; r < rows; ++r) {
+    const MergeWeights<T> weights = merge_partial(merged.max[r], merged.sum[r], next.max[r], next.sum[r]);
+    const micro::MergeWeights<T> broadcast{pset1<P>(weights.a), pset1<P>(weights.b)};
+    T* value = &merged.value(r, 0);
+    const T* other = &next.value(r, 0);
+    Index e = 0;
+    for (; e + ps <= value_dim; e += ps) pstoreu(value + e, broadcast.value(ploadu<P>(value + e), ploadu<P>(other + e)));
+    for (; e < value_dim; ++e) value[e] = weights.value(value[e], other[e]);
+  }
+}
+
 /// The driver shared by the paths: tasks (batch, key/value head, chunk) write partials, merged afterwards in
 /// chunk order and finished into out and lse. `Path` is GeneralDecode, GroupedDecode or StreamingDecode.
 template <typename Path, typename T>
@@ -112,29 +147,18 @@ void run_decode(const AttentionParams<T>& p, const ForwardOutputs<T>& result) {
                 scratch[static_cast<std::size_t>(thread_id())].data(), partial(task));
   }
 
-  // Merge each head's chunks in chunk order, then finish: o_r = acc_r / l_r (times dropout's 1 / (1 - p)).
+  // Merge each head's chunks in chunk order (merge_partials), then finish: o_r = acc_r / l_r (times dropout's
+  // 1 / (1 - p)). Heads are independent: threads share them, each head merged by one thread in chunk order.
   const T keep_scale = p.dropout.active() ? p.dropout.keep_scale() : T(1);
-  std::vector<MergeWeights<T>> weights(static_cast<std::size_t>(rows));
+  [[maybe_unused]] const int merge_threads = static_cast<int>(std::min<Index>(threads, heads));
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(merge_threads) if (merge_threads > 1)
+#endif
   for (Index head = 0; head < heads; ++head) {
     const DecodeRows<T>& set = row_sets[static_cast<std::size_t>(head)];
     const DecodePartial<T> merged = partial(head * chunks);
-    for (Index c = 1; c < chunks; ++c) {
-      const DecodePartial<T> next = partial(head * chunks + c);
-      for (Index r = 0; r < rows; ++r)
-        weights[static_cast<std::size_t>(r)] = merge_partial(merged.max[r], merged.sum[r], next.max[r], next.sum[r]);
-      // The values in memory order (lane-major partials column by column): the partials of a head are
-      // chunks x lanes x Dv elements, visited once each.
-      const auto merge_value = [&](Index r, Index e) {
-        merged.value(r, e) = weights[static_cast<std::size_t>(r)].value(merged.value(r, e), next.value(r, e));
-      };
-      if (Path::lane_major) {
-        for (Index e = 0; e < value_dim; ++e)
-          for (Index r = 0; r < rows; ++r) merge_value(r, e);
-      } else {
-        for (Index r = 0; r < rows; ++r)
-          for (Index e = 0; e < value_dim; ++e) merge_value(r, e);
-      }
-    }
+    for (Index c = 1; c < chunks; ++c)
+      merge_partials(Path::lane_major, merged, partial(head * chunks + c), rows, lanes, value_dim);
     for (Index r = 0; r < rows; ++r) {
       const FinishedRow<T> finished = finish_row(merged.max[r], merged.sum[r], keep_scale);
       T* out = row_pointer(result.out, set.batch, set.head(r), set.query_row(r));

@@ -7,9 +7,11 @@
 // most of its time on such small products packing the operands; this kernel packs nothing but the queries
 // (once per call) and puts the R query rows in the SIMD lanes ("rows in lanes"):
 //
-//   q^T   (D, Rp)     qt[d * Rp + r] = scale * q_r[d]; rows padded with zeros to Rp, a multiple of the packet
-//   S^T   (n, Rp)     S^T[j] = sum_d k_j[d] * q^T[d]: one FMA per (key, d) and packet, the key element broadcast
-//                     straight from the cache (K is read once, in place, row by row)
+//   q^T   (D, Rp)     qt[d * Rp + r] = q_r[d]; rows padded with zeros to Rp, a multiple of the packet
+//   S^T   (n, Rp)     S^T[j] = scale * sum_d k_j[d] * q^T[d]: one FMA per (key, d) and packet, the key element
+//                     broadcast straight from the cache (K is read once, in place, row by row), the scale applied
+//                     to the finished sum: bitwise the fused kernels' scores (the same FMAs in the same order),
+//                     so the fused backward, recomputing them from this kernel's lse, sees the rounding it saw
 //   P^T   (n, Rp)     exp(S^T[j] - m) in the same buffer, m the per-lane (= per-row) maximum over the chunk
 //   O^T   (Dv, Rp)    O^T[e] = sum_j v_j[e] * P^T[j]: one FMA per (key, e) and packet, the value element broadcast
 //                     straight from the cache (V read once, in place)
@@ -55,7 +57,8 @@ template <typename T>
 struct GroupedQueries {
   Index lanes = 0;           ///< Rp: R rounded up to whole packets
   Index depth = 0;           ///< D
-  Buffer<T> qt;              ///< (D, Rp): qt[d * Rp + r] = scale * q_r[d]
+  Buffer<T> qt;              ///< (D, Rp): qt[d * Rp + r] = q_r[d]
+  T scale = T(1);            ///< s = scale * q . k, applied to the finished dot product
   Buffer<T> key_begin;       ///< (Rp): first key the row may see (its structural key range), as T
   Buffer<T> key_end;         ///< (Rp): one past its last key
   Buffer<T> slope;           ///< (Rp): ALiBi slope of the row's head, when alibi
@@ -92,6 +95,7 @@ void grouped_lanes(const GroupedQueries<T>& q, Index v0, const DecodeChunk<T>& c
   }
 
   // Pass 1. s_rj = scale q_r . k_j (+ ALiBi, -inf where masked) for the keys of the chunk, and the row maxima.
+  const P scale = pset1<P>(q.scale);
   P begin[NV], end[NV], slope[NV], diagonal[NV], row_max[NV];
   unroll<NV>([&](auto w) {
     begin[w] = ploadu<P>(q.key_begin.data() + (v0 + w) * ps);
@@ -108,7 +112,7 @@ void grouped_lanes(const GroupedQueries<T>& q, Index v0, const DecodeChunk<T>& c
     unroll<M>([&](auto m) {
       const P key = pset1<P>(static_cast<T>(lo + j0 + m));
       unroll<NV>([&](auto w) {
-        P s = acc[m][w];
+        P s = pmul(acc[m][w], scale);
         if (q.alibi) s = minus_alibi(s, slope[w], diagonal[w], key);
         if (masked) s = select_in_range<T>(s, begin[w], end[w], key);
         row_max[w] = pmax(row_max[w], s);
@@ -150,10 +154,7 @@ void grouped_lanes(const GroupedQueries<T>& q, Index v0, const DecodeChunk<T>& c
       });
     });
   };
-  if (masked)
-    values(std::true_type{});
-  else
-    values(std::false_type{});
+  with_flag(masked, values);
 }
 
 }  // namespace micro
@@ -173,6 +174,7 @@ struct GroupedDecode {
     q.lanes = lanes(rows.rows());
     q.depth = p.head_dim();
     q.alibi = p.mask.has_alibi();
+    q.scale = p.scale;
     const auto size = static_cast<std::size_t>(q.lanes);
     q.qt.assign(static_cast<std::size_t>(q.depth) * size, T(0));
     q.key_begin.assign(size, T(0));
@@ -181,7 +183,7 @@ struct GroupedDecode {
     q.diagonal.assign(size, T(0));
     for (Index r = 0; r < rows.rows(); ++r) {
       const T* query = row_pointer(p.q, rows.batch, rows.head(r), rows.query_row(r));
-      for (Index d = 0; d < q.depth; ++d) q.qt[static_cast<std::size_t>(d * q.lanes + r)] = p.scale * query[d];
+      for (Index d = 0; d < q.depth; ++d) q.qt[static_cast<std::size_t>(d * q.lanes + r)] = query[d];
       const RowMask<T>& mask = rows.masks[static_cast<std::size_t>(r)];
       const auto lane = static_cast<std::size_t>(r);
       q.key_begin[lane] = static_cast<T>(mask.keys.begin);

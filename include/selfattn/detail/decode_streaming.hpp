@@ -149,10 +149,7 @@ void streaming_block(const StreamingQueries<T>& q, const DecodeRows<T>& rows, In
       }
     });
   };
-  if (chunk.masked)
-    values(std::true_type{});
-  else
-    values(std::false_type{});
+  with_flag(chunk.masked, values);
 }
 
 }  // namespace micro

@@ -65,7 +65,6 @@ void fused_forward_block(const AttentionParams<T>& p, const ForwardOutputs<T>& r
   constexpr Index lanes = FusedTiles<T>::lanes;
   constexpr Index tile_keys = FusedTiles<T>::forward_keys;
   constexpr T minus_infinity = -std::numeric_limits<T>::infinity();
-  const MaskParams<T>& mask = p.mask;
   const Index rows = std::min(lanes, p.q_len() - i0);
   const Index head_dim = p.q.dim(3), value_dim = p.value_dim(), hk = p.kv_head(h);
 
@@ -85,9 +84,9 @@ void fused_forward_block(const AttentionParams<T>& p, const ForwardOutputs<T>& r
   std::fill(l, l + lanes, T(0));
   std::fill(w.ot.begin(), w.ot.end(), T(0));
   std::array<RowMask<T>, lanes> row_masks{};
-  for (Index i = 0; i < rows; ++i) row_masks[static_cast<std::size_t>(i)] = mask.row(b, h, i0 + i);
+  for (Index i = 0; i < rows; ++i) row_masks[static_cast<std::size_t>(i)] = p.mask.row(b, h, i0 + i);
   const KeyRange first = row_masks[0].keys, last = row_masks[static_cast<std::size_t>(rows - 1)].keys;
-  const bool element_masks = mask.has_element_masks() || mask.has_alibi();
+  const bool element_masks = p.mask.has_element_masks() || p.mask.has_alibi();
 
   const T* k = row_pointer(p.k, b, hk, 0);
   const T* v = row_pointer(p.v, b, hk, 0);
@@ -136,7 +135,7 @@ void fused_forward_block(const AttentionParams<T>& p, const ForwardOutputs<T>& r
       for (Index jj = 0; jj < width; ++jj)
         for (Index i = 0; i < rows; ++i) {
           T& score = s[jj * lanes + i];
-          if (score != minus_infinity) score = mask.score(row_masks[static_cast<std::size_t>(i)], b, h, i0 + i, j0 + jj, score);
+          if (score != minus_infinity) score = p.mask.score(row_masks[static_cast<std::size_t>(i)], b, h, i0 + i, j0 + jj, score);
         }
 
     // 3. Online softmax, one query per lane.

@@ -70,6 +70,16 @@ EIGEN_ALWAYS_INLINE void unroll(F&& f) {
   unroll_impl(f, std::make_integer_sequence<int, N>{});
 }
 
+/// f(std::true_type{}) when `flag` is set, else f(std::false_type{}): a run-time choice between the two
+/// instantiations of a loop whose inner branch must be decided at compile time (the safe products, say).
+template <typename F>
+EIGEN_ALWAYS_INLINE void with_flag(bool flag, F&& f) {
+  if (flag)
+    f(std::true_type{});
+  else
+    f(std::false_type{});
+}
+
 /// f(std::integral_constant<int, N>{}, start) over [0, count): tiles of Full, then of 8, 4, 2 and 1, so a
 /// ragged end costs a few small tiles and not one instantiation per size.
 template <int Full, typename F>

@@ -118,6 +118,33 @@ EIGEN_STRONG_INLINE Rescale<T> raise_max(const Packet<T>& max, const Packet<T>& 
   return {raised, shift, exp_or_zero<T>(max, shift)};
 }
 
+/// Rule 5 on packets of rows (or of one row's values under broadcast weights): the weights of two partials.
+template <typename T>
+struct MergeWeights {
+  Packet<T> a;  ///< exp(m_a - shift(m)), 0 for a side that saw no key
+  Packet<T> b;  ///< exp(m_b - shift(m))
+
+  /// Merged values: w_a x_a + w_b x_b, a side of weight 0 skipped (0 * inf would be NaN).
+  EIGEN_STRONG_INLINE Packet<T> value(const Packet<T>& x_a, const Packet<T>& x_b) const {
+    using namespace Eigen::internal;
+    const Packet<T> zero = pset1<Packet<T>>(T(0)), from_a = pmul(a, x_a), from_b = pmul(b, x_b);
+    return pselect(pcmp_eq(b, zero), from_a, pselect(pcmp_eq(a, zero), from_b, padd(from_a, from_b)));
+  }
+};
+
+/// Rule 5 for a packet of rows, as detail::merge_partial for one: (max_a, sum_a) becomes the merged pair.
+template <typename T>
+EIGEN_STRONG_INLINE MergeWeights<T> merge_partial(Packet<T>& max_a, Packet<T>& sum_a, const Packet<T>& max_b,
+                                                  const Packet<T>& sum_b) {
+  using namespace Eigen::internal;
+  const Packet<T> max = pmax(max_a, max_b);
+  const Packet<T> shift = softmax_shift<T>(max);
+  const MergeWeights<T> weights{exp_or_zero<T>(max_a, shift), exp_or_zero<T>(max_b, shift)};
+  max_a = max;
+  sum_a = padd(pmul(weights.a, sum_a), pmul(weights.b, sum_b));  // always both: a NaN sum must carry (rule 4)
+  return weights;
+}
+
 /// The softmax of one row of n scores in place, unnormalised: s_j := exp_or_zero(s_j, shift) (rules 1, 2).
 /// Returns the row's maximum; *sum receives l = sum_j s_j.
 template <typename T>
