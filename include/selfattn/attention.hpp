@@ -333,11 +333,12 @@ Tensor<detail::scalar_of<Q>, 4> attention_weights(const Q& q, const K& k,
   const TensorView<const T, 4> no_values(nullptr, {kv.dim(0), kv.dim(1), kv.dim(2), 0});
   AttentionOptions<T> weights_only = opts;
   weights_only.dropout_p = T(0);
+  weights_only.need_weights = true;  // the dispatch then runs the one kernel that has weights
   Tensor<T, 4> out({qv.dim(0), qv.dim(1), qv.dim(2), 0});
   Tensor<T, 3> lse({qv.dim(0), qv.dim(1), qv.dim(2)});
   Tensor<T, 4> weights({qv.dim(0), qv.dim(1), qv.dim(2), kv.dim(2)});
-  detail::reference_forward(detail::make_params(qv, kv, no_values, weights_only),
-                            detail::ForwardOutputs<T>{out.view(), lse.view(), weights.view()});
+  detail::run_forward(detail::make_params(qv, kv, no_values, weights_only), weights_only,
+                      detail::ForwardOutputs<T>{out.view(), lse.view(), weights.view()});
   return weights;
 }
 

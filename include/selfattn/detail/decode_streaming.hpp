@@ -1,6 +1,7 @@
 // selfattn/detail/decode_streaming.hpp — the streaming decode path: one to a few query rows per key/value head
 // (G = H / Hkv small, Lq = 1). Then each key and value row serves R <= 3 rows, 1 to 3 flops per byte: the step is
-// bound by memory, and the grouped kernel's lanes would be mostly idle (R of 16). This kernel vectorises over D instead, with the R rows' queries in L1:
+// bound by memory, and the grouped kernel's lanes would be mostly idle (R of 16). This kernel vectorises over D
+// instead, with the R rows' queries in L1:
 //
 //   pass 1   s_rj = (scale q_r) . k_j     packets over d, 4 keys at a time (4 R accumulators), then one
 //                                         horizontal sum per (row, key); ALiBi and key ranges per score

@@ -63,8 +63,6 @@ void fused_backward_tile(const AttentionParams<T>& p, const BackwardTensors<T>& 
   constexpr Index ps = micro::packet_size<T>;
   constexpr int nv = micro::micro_packets;
   constexpr Index lanes = FusedTiles<T>::lanes;
-  constexpr Index block_rows = FusedTiles<T>::backward_rows;
-  constexpr T minus_infinity = -std::numeric_limits<T>::infinity();
   const MaskParams<T>& mask = p.mask;
   const Index head_dim = p.q.dim(3), value_dim = p.value_dim(), q_len = p.q_len();
   const Index padded_dim = ceil_div(head_dim, ps) * ps;
@@ -112,8 +110,8 @@ void fused_backward_tile(const AttentionParams<T>& p, const BackwardTensors<T>& 
       }
       ib = lo_i;
     }
-    for (Index i0 = ia; i0 < ib; i0 += block_rows) {
-      const Index rows = std::min(block_rows, ib - i0);
+    for (Index i0 = ia; i0 < ib; i0 += FusedTiles<T>::backward_rows) {
+      const Index rows = std::min(FusedTiles<T>::backward_rows, ib - i0);
       const KeyRange first = mask.key_range(b, i0), last = mask.key_range(b, i0 + rows - 1);
       const bool full = width == lanes && last.begin <= j0 && first.end >= j1;
       const T* q = row_pointer(p.q, b, h, i0);
@@ -133,7 +131,7 @@ void fused_backward_tile(const AttentionParams<T>& p, const BackwardTensors<T>& 
         const Index i = i0 + r;
         T* s_row = s + r * lanes;
         const T lse = element(g.lse, b, h, i);
-        if (lse == minus_infinity) {  // a row without any allowed key: no gradient at all
+        if (lse == minus_infinity<T>) {  // a row without any allowed key: no gradient at all
           std::fill(s_row, s_row + lanes, T(0));
           continue;
         }
@@ -148,7 +146,7 @@ void fused_backward_tile(const AttentionParams<T>& p, const BackwardTensors<T>& 
         if (element_masks)
           for (Index jj = 0; jj < width; ++jj) {
             T& score = s_row[jj];
-            if (score != minus_infinity) score = mask.score(row, b, h, i, j0 + jj, score);
+            if (score != minus_infinity<T>) score = mask.score(row, b, h, i, j0 + jj, score);
           }
         const P lse_p = pset1<P>(lse);
         for (Index c = 0; c < lanes; c += ps) pstoreu(s_row + c, micro::exp_or_zero<T>(ploadu<P>(s_row + c), lse_p));

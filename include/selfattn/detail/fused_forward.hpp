@@ -63,8 +63,6 @@ void fused_forward_block(const AttentionParams<T>& p, const ForwardOutputs<T>& r
   constexpr Index ps = micro::packet_size<T>;
   constexpr int nv = micro::micro_packets;
   constexpr Index lanes = FusedTiles<T>::lanes;
-  constexpr Index tile_keys = FusedTiles<T>::forward_keys;
-  constexpr T minus_infinity = -std::numeric_limits<T>::infinity();
   const Index rows = std::min(lanes, p.q_len() - i0);
   const Index head_dim = p.q.dim(3), value_dim = p.value_dim(), hk = p.kv_head(h);
 
@@ -80,7 +78,7 @@ void fused_forward_block(const AttentionParams<T>& p, const ForwardOutputs<T>& r
   T* alpha = l + lanes;
   T* lo = alpha + lanes;
   T* hi = lo + lanes;
-  std::fill(m, m + lanes, minus_infinity);
+  std::fill(m, m + lanes, minus_infinity<T>);
   std::fill(l, l + lanes, T(0));
   std::fill(w.ot.begin(), w.ot.end(), T(0));
   std::array<RowMask<T>, lanes> row_masks{};
@@ -95,8 +93,8 @@ void fused_forward_block(const AttentionParams<T>& p, const ForwardOutputs<T>& r
   T* ot = w.ot.data();
   const P scale = pset1<P>(p.scale);
   // Key tiles from the first row's first key to the last row's last: nothing outside is visible to any row.
-  for (Index j0 = first.begin; j0 < last.end; j0 += tile_keys) {
-    const Index width = std::min(tile_keys, last.end - j0);
+  for (Index j0 = first.begin; j0 < last.end; j0 += FusedTiles<T>::forward_keys) {
+    const Index width = std::min(FusedTiles<T>::forward_keys, last.end - j0);
     const bool full = last.begin <= j0 && first.end >= j0 + width;  // inside every row's range
 
     // 2. S^T (width, lanes) = scale K_tile Q^T. The scale multiplies the finished dot product, exactly as in
@@ -105,7 +103,7 @@ void fused_forward_block(const AttentionParams<T>& p, const ForwardOutputs<T>& r
     // The tile max per lane is taken here too, from the registers (exact for a full tile; a partial tile's
     // masks lower some scores, so its max is taken again after them).
     P tmax[nv];
-    micro::unroll<nv>([&](auto c) { tmax[c] = pset1<P>(minus_infinity); });
+    micro::unroll<nv>([&](auto c) { tmax[c] = pset1<P>(minus_infinity<T>); });
     const auto store_scores = [&](Index m0, auto& acc) SELFATTN_INLINE_LAMBDA {
       constexpr int R = static_cast<int>(std::extent_v<std::remove_reference_t<decltype(acc)>>);
       micro::unroll<R>([&](auto r) {
@@ -135,14 +133,15 @@ void fused_forward_block(const AttentionParams<T>& p, const ForwardOutputs<T>& r
       for (Index jj = 0; jj < width; ++jj)
         for (Index i = 0; i < rows; ++i) {
           T& score = s[jj * lanes + i];
-          if (score != minus_infinity) score = p.mask.score(row_masks[static_cast<std::size_t>(i)], b, h, i0 + i, j0 + jj, score);
+          if (score != minus_infinity<T>)
+            score = p.mask.score(row_masks[static_cast<std::size_t>(i)], b, h, i0 + i, j0 + jj, score);
         }
 
     // 3. Online softmax, one query per lane.
     for (Index c = 0; c < lanes; c += ps) {
       P tile_max = tmax[c / ps];
       if (masked) {
-        tile_max = pset1<P>(minus_infinity);
+        tile_max = pset1<P>(minus_infinity<T>);
         for (Index jj = 0; jj < width; ++jj) tile_max = pmax(tile_max, ploadu<P>(s + jj * lanes + c));
       }
       // m' = max(m, tile max); alpha = exp(m - m'), 0 while the lane has seen no key (softmax.hpp's rules).

@@ -25,6 +25,10 @@
 
 namespace selfattn::detail {
 
+/// The score of a masked pair (rule 1), and the maximum and lse of a row that has seen no key.
+template <typename T>
+inline constexpr T minus_infinity = -std::numeric_limits<T>::infinity();
+
 /// Rule 2: the shift of a row whose maximum so far is `max`.
 template <typename T>
 T softmax_shift(T max) {

@@ -109,7 +109,8 @@ class KVCache {
   bool fits(Index tokens) const { return policy_.capacity == 0 || tokens <= policy_.capacity; }
 
   /// \brief Room for `tokens` tokens per sequence: grows the planes (doubling; to the fixed capacity; or, under
-  /// an evicting policy, to its S + W + 1 slots at once), keeping every cached token. Throws std::invalid_argument naming `tokens` when a fixed capacity is too small.
+  /// an evicting policy, to its S + W + 1 slots at once), keeping every cached token. Throws
+  /// std::invalid_argument naming `tokens` when a fixed capacity is too small.
   /// If it throws (or runs out of memory), the cache is unchanged.
   void reserve(Index tokens) {
     if (!fits(tokens))
