@@ -6,10 +6,12 @@
 #include "support/brute_force.hpp"
 #include "support/compare.hpp"
 #include "support/expect_error.hpp"
+#include "support/module_by_hand.hpp"
 #include "support/random.hpp"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -92,6 +94,41 @@ TYPED_TEST(KVCacheTest, StepsInPiecesEqualOneCausalForward) {
       }
       EXPECT_EQ(cache.length(), 9);
       EXPECT_EQ(cache.positions(), (std::vector<Index>{9, 9}));
+    }
+  }
+}
+
+// The same steps against an expectation that shares nothing with the module (test::module_by_hand: projections
+// by loops, RoPE from its definition, fixed ALiBi slopes, brute-force attention): keep-all in pieces against one
+// causal pass over the whole sequence; a sliding window of 4, token by token, against a pass over the tokens it
+// keeps (RoPE and ALiBi depend on differences of positions only, so the window's tokens may be renumbered from 0).
+TYPED_TEST(KVCacheTest, StepsEqualTheModuleComputedByHand) {
+  using T = TypeParam;
+  Random random(57);
+  const Index L = 9, window = 4;
+  for (const ModuleCase& c : module_cases) {
+    SCOPED_TRACE(c.name);
+    const MultiHeadAttention<T> mha = make_module<T>(c, random);
+    const auto x = random.normal_tensor<T, 3>({2, L, c.E});
+    AttentionOptions<T> causal;
+    causal.causal = Causal::top_left;
+    const auto expected = test::module_by_hand(mha, x, x, x, causal);
+    auto cache = mha.make_cache(2);
+    Index at = 0;
+    for (Index piece : {3, 2, 4}) {
+      EXPECT_TRUE(all_close(mha.step(rows(x, at, at + piece), cache), rows(expected, at, at + piece),
+                            default_tolerance<T>()))
+          << "piece at " << at;
+      at += piece;
+    }
+    auto windowed = mha.make_cache(2, CachePolicy::sliding_window(window));
+    for (Index t = 0; t < L; ++t) {
+      const Index first = std::max<Index>(0, t + 1 - window);
+      const auto kept = rows(x, first, t + 1);
+      const auto by_hand = test::module_by_hand(mha, kept, kept, kept, causal);
+      EXPECT_TRUE(all_close(mha.step(rows(x, t, t + 1), windowed), rows(by_hand, t - first, t - first + 1),
+                            default_tolerance<T>()))
+          << "token " << t << " under sliding_window(" << window << ")";
     }
   }
 }

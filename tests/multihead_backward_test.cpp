@@ -27,26 +27,33 @@ constexpr double gradient_tolerance = 1e-7;
 
 class PyTorchGradientConformance : public ::testing::TestWithParam<std::string> {};
 
+// On every kernel: the default (fused backward after the automatic forward), the reference pair, and the decode
+// forward with the fused backward (what a caller gets from the automatic choice for few query rows).
 TEST_P(PyTorchGradientConformance, InputAndParameterGradientsMatchAutograd) {
   test::PyTorchCase c(GetParam());
   const test::Fixture& fx = c.fx;
-  // PyTorch differentiated query, key and value as three leaves even in self-attention; so do we.
-  const auto fwd = c.mha.forward(c.query, c.key, c.value, c.opts);
-  const auto g = c.mha.backward(fx.tensor<3>("dout"), fwd);
-  EXPECT_TRUE(all_close(g.d_query, fx.tensor<3>("d_query"), 1e-10));
-  EXPECT_TRUE(all_close(g.d_key, fx.tensor<3>("d_key"), 1e-10));
-  EXPECT_TRUE(all_close(g.d_value, fx.tensor<3>("d_value"), 1e-10));
-  EXPECT_TRUE(all_close(g.params.q_weight, fx.tensor<2>("d_q_weight"), 1e-10));
-  EXPECT_TRUE(all_close(g.params.k_weight, fx.tensor<2>("d_k_weight"), 1e-10));
-  EXPECT_TRUE(all_close(g.params.v_weight, fx.tensor<2>("d_v_weight"), 1e-10));
-  EXPECT_TRUE(all_close(g.params.out_weight, fx.tensor<2>("d_out_weight"), 1e-10));
-  if (c.mha.config().bias) {
-    EXPECT_TRUE(all_close(g.params.q_bias, fx.tensor<1>("d_q_bias"), 1e-10));
-    EXPECT_TRUE(all_close(g.params.k_bias, fx.tensor<1>("d_k_bias"), 1e-10));
-    EXPECT_TRUE(all_close(g.params.v_bias, fx.tensor<1>("d_v_bias"), 1e-10));
-    EXPECT_TRUE(all_close(g.params.out_bias, fx.tensor<1>("d_out_bias"), 1e-10));
-  } else {
-    EXPECT_EQ(g.params.q_bias.size(), 0);
+  for (Kernel kernel : {Kernel::automatic, Kernel::reference, Kernel::decode}) {
+    SCOPED_TRACE("kernel " + std::to_string(static_cast<int>(kernel)));
+    AttentionOptions<double> opts = c.opts;
+    opts.kernel = kernel;
+    // PyTorch differentiated query, key and value as three leaves even in self-attention; so do we.
+    const auto fwd = c.mha.forward(c.query, c.key, c.value, opts);
+    const auto g = c.mha.backward(fx.tensor<3>("dout"), fwd);
+    EXPECT_TRUE(all_close(g.d_query, fx.tensor<3>("d_query"), 1e-10));
+    EXPECT_TRUE(all_close(g.d_key, fx.tensor<3>("d_key"), 1e-10));
+    EXPECT_TRUE(all_close(g.d_value, fx.tensor<3>("d_value"), 1e-10));
+    EXPECT_TRUE(all_close(g.params.q_weight, fx.tensor<2>("d_q_weight"), 1e-10));
+    EXPECT_TRUE(all_close(g.params.k_weight, fx.tensor<2>("d_k_weight"), 1e-10));
+    EXPECT_TRUE(all_close(g.params.v_weight, fx.tensor<2>("d_v_weight"), 1e-10));
+    EXPECT_TRUE(all_close(g.params.out_weight, fx.tensor<2>("d_out_weight"), 1e-10));
+    if (c.mha.config().bias) {
+      EXPECT_TRUE(all_close(g.params.q_bias, fx.tensor<1>("d_q_bias"), 1e-10));
+      EXPECT_TRUE(all_close(g.params.k_bias, fx.tensor<1>("d_k_bias"), 1e-10));
+      EXPECT_TRUE(all_close(g.params.v_bias, fx.tensor<1>("d_v_bias"), 1e-10));
+      EXPECT_TRUE(all_close(g.params.out_bias, fx.tensor<1>("d_out_bias"), 1e-10));
+    } else {
+      EXPECT_EQ(g.params.q_bias.size(), 0);
+    }
   }
 }
 

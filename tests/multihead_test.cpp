@@ -5,12 +5,14 @@
 #include "support/brute_force.hpp"
 #include "support/compare.hpp"
 #include "support/expect_error.hpp"
+#include "support/module_by_hand.hpp"
 #include "support/pytorch_case.hpp"
 #include "support/random.hpp"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -32,6 +34,20 @@ TEST_P(PyTorchConformance, OutputAndPerHeadWeightsMatchNnMultiheadAttention) {
   const MhaForward<double> fwd = c.self_attention ? c.mha.forward(c.query, c.opts) : c.mha.forward(c.query, c.key, c.value, c.opts);
   EXPECT_TRUE(all_close(fwd.output, c.fx.tensor<3>("output"), 1e-10));
   EXPECT_TRUE(all_close(fwd.weights, c.fx.tensor<4>("weights"), 1e-10));
+}
+
+// The same fixtures without weights, on every forward kernel: automatic (fused, or decode for few query rows),
+// each forced. need_weights = true above runs the reference kernel, so this is what checks the default path.
+TEST_P(PyTorchConformance, OutputMatchesNnMultiheadAttentionOnEveryKernel) {
+  test::PyTorchCase c(GetParam());
+  for (Kernel kernel : {Kernel::automatic, Kernel::fused, Kernel::decode, Kernel::reference}) {
+    SCOPED_TRACE("kernel " + std::to_string(static_cast<int>(kernel)));
+    AttentionOptions<double> opts = c.opts;
+    opts.kernel = kernel;
+    const MhaForward<double> fwd = c.self_attention ? c.mha.forward(c.query, opts) : c.mha.forward(c.query, c.key, c.value, opts);
+    EXPECT_TRUE(all_close(fwd.output, c.fx.tensor<3>("output"), 1e-10));
+    EXPECT_EQ(fwd.weights.size(), 0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, PyTorchConformance,
@@ -164,45 +180,7 @@ TYPED_TEST(MultiHeadTest, CausalRowIgnoresLaterTokens) {
 
 // ---- the module against its parts ----------------------------------------------------------------
 
-// Projections by loops, heads by index arithmetic, RoPE at bottom-right positions, brute-force attention.
-template <typename T>
-Tensor<T, 3> module_by_hand(const MultiHeadAttention<T>& mha, const Tensor<T, 3>& query, const Tensor<T, 3>& key,
-                            const Tensor<T, 3>& value, AttentionOptions<T> opts) {
-  const auto& cfg = mha.config();
-  const auto& p = mha.params();
-  const Index B = query.dim(0), Lq = query.dim(1), Lk = key.dim(1), H = cfg.num_heads, Hkv = cfg.num_kv_heads,
-              Dh = mha.head_dim();
-  const auto project = [](const Tensor<T, 3>& x, const Tensor<T, 2>& w, const Tensor<T, 1>& bias, Index heads) {
-    const Index Dh = w.dim(0) / heads;
-    Tensor<T, 4> y({x.dim(0), heads, x.dim(1), Dh});
-    for (Index b = 0; b < x.dim(0); ++b)
-      for (Index l = 0; l < x.dim(1); ++l)
-        for (Index o = 0; o < w.dim(0); ++o) {
-          long double sum = bias.size() ? bias(o) : T(0);
-          for (Index i = 0; i < x.dim(2); ++i) sum += static_cast<long double>(x(b, l, i)) * w(o, i);
-          y(b, o / Dh, l, o % Dh) = static_cast<T>(sum);
-        }
-    return y;
-  };
-  auto q = project(query, p.q_weight, p.q_bias, H), k = project(key, p.k_weight, p.k_bias, Hkv),
-       v = project(value, p.v_weight, p.v_bias, Hkv);
-  if (cfg.rope_dim > 0) {
-    const RotaryEmbedding<T> rope(cfg.rope_dim, static_cast<T>(cfg.rope_base), cfg.rope_style);
-    rope.apply(q, Lk - Lq);
-    rope.apply(k, 0);
-  }
-  if (cfg.alibi) opts.alibi_slopes = alibi_slopes<T>(H);
-  const auto heads = test::brute_force_attention<T>(q, k, v, opts).out;
-  Tensor<T, 3> out({B, Lq, cfg.embed_dim});
-  for (Index b = 0; b < B; ++b)
-    for (Index l = 0; l < Lq; ++l)
-      for (Index o = 0; o < cfg.embed_dim; ++o) {
-        long double sum = p.out_bias.size() ? p.out_bias(o) : T(0);
-        for (Index i = 0; i < cfg.embed_dim; ++i) sum += static_cast<long double>(heads(b, i / Dh, l, i % Dh)) * p.out_weight(o, i);
-        out(b, l, o) = static_cast<T>(sum);
-      }
-  return out;
-}
+using test::module_by_hand;
 
 TYPED_TEST(MultiHeadTest, ModuleMatchesItsPartsAcrossConfigurations) {
   using T = TypeParam;

@@ -1,0 +1,127 @@
+// Every fast path against the brute-force specification (tests/support/brute_force.hpp: plain loops in long
+// double, none of the library's mask, softmax or kernel code), over the shared sweep of shapes and masks plus
+// shapes that cross the kernels' tile and chunk edges:
+//
+//   - the fused forward and the fused backward (dq, dk, dv, dbias);
+//   - the decode kernel's general path, and its grouped and streaming paths wherever no per-element mask rules
+//     them out (forced, so that each runs whatever the automatic choice would pick).
+//
+// The fused and decode kernels are otherwise compared with the reference kernel, which shares mask.hpp and
+// softmax.hpp with them: a rule wrong in a shared helper would pass those tests and fails these.
+#include <selfattn/attention.hpp>
+
+#include "support/brute_force.hpp"
+#include "support/compare.hpp"
+#include "support/random.hpp"
+#include "support/sweep.hpp"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace selfattn {
+namespace {
+
+using detail::DecodePath;
+using test::all_close;
+using test::default_tolerance;
+using test::MaskKind;
+using test::Random;
+using test::Shape;
+
+template <typename T>
+class FastPathsTest : public ::testing::Test {};
+using Scalars = ::testing::Types<float, double>;
+TYPED_TEST_SUITE(FastPathsTest, Scalars, );
+
+// The shared sweep, and shapes beyond its lengths: more query rows than a fused block (64 float or 32 double
+// lanes), more keys than a fused tile (64) or a decode chunk (256), few query rows over several chunks with every
+// group size of the decode paths (G = 1, 3: streaming; G = 8: grouped).
+std::vector<Shape> fast_path_shapes() {
+  std::vector<Shape> shapes = test::sweep_shapes;
+  shapes.push_back({1, 4, 2, 70, 140, 16, 12});
+  shapes.push_back({2, 3, 1, 2, 530, 16, 9});
+  shapes.push_back({1, 8, 8, 1, 600, 24, 24});
+  shapes.push_back({1, 8, 1, 3, 300, 20, 20});
+  return shapes;
+}
+
+template <typename T>
+struct Case {
+  Tensor<T, 4> q, k, v, dout;
+  test::MaskedOptions<T> masks;
+  std::string where;
+};
+
+template <typename T>
+Case<T> make_case(const Shape& s, MaskKind kind, Random& random) {
+  Case<T> c;
+  c.q = random.normal_tensor<T, 4>({s.batch, s.heads, s.q_len, s.head_dim});
+  c.k = random.normal_tensor<T, 4>({s.batch, s.kv_heads, s.k_len, s.head_dim});
+  c.v = random.normal_tensor<T, 4>({s.batch, s.kv_heads, s.k_len, s.value_dim});
+  c.dout = random.normal_tensor<T, 4>({s.batch, s.heads, s.q_len, s.value_dim});
+  test::make_options(kind, s, random, c.masks);
+  c.masks.opts.need_weights = false;
+  c.where = "B " + std::to_string(s.batch) + " H " + std::to_string(s.heads) + " Hkv " + std::to_string(s.kv_heads) +
+            " Lq " + std::to_string(s.q_len) + " Lk " + std::to_string(s.k_len) + " D " + std::to_string(s.head_dim) +
+            " Dv " + std::to_string(s.value_dim) + ", mask kind " + std::to_string(static_cast<int>(kind));
+  return c;
+}
+
+TYPED_TEST(FastPathsTest, FusedForwardAndBackwardMatchTheBruteForce) {
+  using T = TypeParam;
+  Random random(20261201);
+  int cases = 0;
+  for (const Shape& s : fast_path_shapes())
+    for (MaskKind kind : test::mask_kinds) {
+      const Case<T> c = make_case<T>(s, kind, random);
+      SCOPED_TRACE(c.where);
+      AttentionOptions<T> opts = c.masks.opts;
+      opts.kernel = Kernel::fused;
+      const auto fwd = sdpa_forward(c.q, c.k, c.v, opts);
+      const auto g = sdpa_backward(c.q, c.k, c.v, fwd.out, fwd.lse, c.dout, opts);
+      const auto expected = test::brute_force_attention<T>(c.q, c.k, c.v, opts);
+      const auto expected_g = test::brute_force_backward<T>(c.q, c.k, c.v, c.dout, opts);
+      const double tolerance = default_tolerance<T>();
+      EXPECT_TRUE(all_close(fwd.out, expected.out, tolerance));
+      EXPECT_TRUE(all_close(fwd.lse, expected.lse, tolerance));
+      EXPECT_TRUE(all_close(g.dq, expected_g.dq, tolerance));
+      EXPECT_TRUE(all_close(g.dk, expected_g.dk, tolerance));
+      EXPECT_TRUE(all_close(g.dv, expected_g.dv, tolerance));
+      EXPECT_TRUE(all_close(g.dbias, expected_g.dbias, tolerance));
+      ++cases;
+    }
+  EXPECT_EQ(cases, static_cast<int>(fast_path_shapes().size() * test::mask_kinds.size()));
+}
+
+TYPED_TEST(FastPathsTest, EveryDecodePathMatchesTheBruteForce) {
+  using T = TypeParam;
+  Random random(20261202);
+  int general = 0, fast = 0;
+  for (const Shape& s : fast_path_shapes())
+    for (MaskKind kind : test::mask_kinds) {
+      const Case<T> c = make_case<T>(s, kind, random);
+      SCOPED_TRACE(c.where);
+      const auto expected = test::brute_force_attention<T>(c.q, c.k, c.v, c.masks.opts);
+      const auto params = detail::make_params<T>(c.q, c.k, c.v, c.masks.opts);
+      const bool element_masks = params.mask.has_element_masks();
+      for (DecodePath path : {DecodePath::general, DecodePath::grouped, DecodePath::streaming}) {
+        if (path != DecodePath::general && element_masks) continue;  // they would run the general path again
+        SCOPED_TRACE(path == DecodePath::general ? "general path" : path == DecodePath::grouped ? "grouped path"
+                                                                                                  : "streaming path");
+        Tensor<T, 4> out(expected.out.shape());
+        Tensor<T, 3> lse(expected.lse.shape());
+        detail::decode_forward(params, detail::ForwardOutputs<T>{out.view(), lse.view(), {}}, path);
+        EXPECT_TRUE(all_close(out, expected.out, default_tolerance<T>()));
+        EXPECT_TRUE(all_close(lse, expected.lse, default_tolerance<T>()));
+        ++(path == DecodePath::general ? general : fast);
+      }
+    }
+  const int shapes = static_cast<int>(fast_path_shapes().size());
+  EXPECT_EQ(general, shapes * static_cast<int>(test::mask_kinds.size()));
+  EXPECT_EQ(fast, shapes * 2 * 8);  // 8 of the 13 mask kinds have no allowed mask and no bias
+}
+
+}  // namespace
+}  // namespace selfattn
