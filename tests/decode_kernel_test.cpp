@@ -2,7 +2,7 @@
 // in SIMD lanes) and streaming path (one to a few rows per key/value head, vectorised over D) against the
 // reference kernel: random shapes over every group size, head dims that are and are
 // not whole packets, 1 to 4 query rows, key counts around the chunk edges, per-batch key lengths, windows,
-// ALiBi, strided cache views; masked NaNs that must not leak; empty rows; thread-count independence.
+// ALiBi, strided cache views; masked NaNs that must not leak; empty rows. (Thread counts: threads_test.cpp.)
 #include <selfattn/selfattn.hpp>
 
 #include "support/compare.hpp"
@@ -14,10 +14,6 @@
 #include <limits>
 #include <string>
 #include <vector>
-
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 namespace selfattn {
 namespace {
@@ -238,38 +234,6 @@ TYPED_TEST(DecodeKernelTest, FallsBackToTheGeneralPathForBiasMaskAndDropout) {
   }
 }
 
-// Same inputs, same bits: on repeated calls, and (with OpenMP) at 1 and 2 threads, since the chunk partials are
-// merged in chunk order whoever computed them.
-TYPED_TEST(DecodeKernelTest, ResultDoesNotDependOnTheThreadCount) {
-  using T = TypeParam;
-  Random random(507);
-  const Index B = 1, H = 16, Hkv = 2, Lq = 1, Lk = 2000, D = 64;
-  const auto q = random.normal_tensor<T, 4>({B, H, Lq, D});
-  const auto k = random.normal_tensor<T, 4>({B, Hkv, Lk, D});
-  const auto v = random.normal_tensor<T, 4>({B, Hkv, Lk, D});
-  AttentionOptions<T> opts;
-  opts.alibi_slopes = alibi_slopes<T>(H);
-  const auto params = detail::make_params<T>(q, k, v, opts);
-  EXPECT_TRUE(matches_reference(params, DecodePath::grouped));
-#ifndef _OPENMP
-  GTEST_SKIP() << "built without OpenMP, so there is one thread count to compare (scripts/test's release stage "
-                  "builds with -DSELFATTN_OPENMP=ON)";
-#else
-  const int saved = omp_get_max_threads();
-  auto run = [&](int threads) {
-    omp_set_num_threads(threads);
-    Tensor<T, 4> out({B, H, Lq, D});
-    Tensor<T, 3> lse({B, H, Lq});
-    detail::decode_forward(params, detail::ForwardOutputs<T>{out.view(), lse.view(), {}}, DecodePath::grouped);
-    return out;
-  };
-  const Tensor<T, 4> one = run(1), again = run(1), two = run(2);
-  omp_set_num_threads(saved);
-  EXPECT_TRUE(all_close(again, one, 0.0));
-  EXPECT_TRUE(all_close(two, one, 0.0));
-#endif
-}
-
 // The streaming path (few rows per key/value head, vectorised over D) over random shapes: G in {1, 2, 3} with
 // every head dim in {8, 64, 80, 128} (8 and 80: not whole AVX-512 packets, so the scalar tails run), 1 to 4
 // query rows (up to 12 rows per head: blocks of 4 rows), key counts around the chunk edges (256), per-batch key
@@ -386,37 +350,6 @@ TYPED_TEST(DecodeKernelTest, StreamingRowsWithoutKeysGiveZeroAndMinusInfinity) {
     for (Index d = 0; d < D; ++d) EXPECT_EQ(out(0, h, 0, d), T(0));
   }
   EXPECT_TRUE(matches_reference(params, DecodePath::streaming));
-}
-
-// The streaming path gives the same bits at 1 and 2 threads and on repeated calls (chunk-order merge).
-TYPED_TEST(DecodeKernelTest, StreamingResultDoesNotDependOnTheThreadCount) {
-  using T = TypeParam;
-  Random random(516);
-  const Index B = 1, H = 4, Hkv = 2, Lq = 1, Lk = 2000, D = 64;
-  const auto q = random.normal_tensor<T, 4>({B, H, Lq, D});
-  const auto k = random.normal_tensor<T, 4>({B, Hkv, Lk, D});
-  const auto v = random.normal_tensor<T, 4>({B, Hkv, Lk, D});
-  AttentionOptions<T> opts;
-  opts.alibi_slopes = alibi_slopes<T>(H);
-  const auto params = detail::make_params<T>(q, k, v, opts);
-  EXPECT_TRUE(matches_reference(params, DecodePath::streaming));
-#ifndef _OPENMP
-  GTEST_SKIP() << "built without OpenMP, so there is one thread count to compare (scripts/test's release stage "
-                  "builds with -DSELFATTN_OPENMP=ON)";
-#else
-  const int saved = omp_get_max_threads();
-  auto run = [&](int threads) {
-    omp_set_num_threads(threads);
-    Tensor<T, 4> out({B, H, Lq, D});
-    Tensor<T, 3> lse({B, H, Lq});
-    detail::decode_forward(params, detail::ForwardOutputs<T>{out.view(), lse.view(), {}}, DecodePath::streaming);
-    return out;
-  };
-  const Tensor<T, 4> one = run(1), again = run(1), two = run(2);
-  omp_set_num_threads(saved);
-  EXPECT_TRUE(all_close(again, one, 0.0));
-  EXPECT_TRUE(all_close(two, one, 0.0));
-#endif
 }
 
 }  // namespace

@@ -37,10 +37,14 @@ TYPED_TEST_SUITE(FastPathsTest, Scalars, );
 
 // The shared sweep, and shapes beyond its lengths: more query rows than a fused block (64 float or 32 double
 // lanes), more keys than a fused tile (64) or a decode chunk (256), few query rows over several chunks with every
-// group size of the decode paths (G = 1, 3: streaming; G = 8: grouped).
+// group size of the decode paths (G = 1, 3: streaming; G = 8: grouped). The sweep's two D = 128 shapes are left
+// out: the brute force's long double costs seconds there under the sanitizers, and D = 59 and 64 already cover
+// whole and partial packets.
 std::vector<Shape> fast_path_shapes() {
-  std::vector<Shape> shapes = test::sweep_shapes;
-  shapes.push_back({1, 4, 2, 70, 140, 16, 12});
+  std::vector<Shape> shapes;
+  for (const Shape& s : test::sweep_shapes)
+    if (s.head_dim != 128) shapes.push_back(s);
+  shapes.push_back({1, 2, 1, 70, 140, 16, 12});
   shapes.push_back({2, 3, 1, 2, 530, 16, 9});
   shapes.push_back({1, 8, 8, 1, 600, 24, 24});
   shapes.push_back({1, 8, 1, 3, 300, 20, 20});

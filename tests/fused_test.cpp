@@ -573,43 +573,6 @@ TEST(FusedTest, RepeatedCallsAreBitwiseEqual) {
   EXPECT_TRUE(test::all_close(ga.dbias, gb.dbias, 0.0));
 }
 
-// With OpenMP: the forward is bitwise independent of the thread count (each row is one thread's, in a fixed
-// order); the backward agrees across counts up to rounding and is bitwise repeatable at each.
-TEST(FusedTest, ThreadCountChangesNothingButRounding) {
-#ifndef _OPENMP
-  GTEST_SKIP() << "built without OpenMP, so there is one thread count to compare (scripts/test's release stage "
-                  "builds with -DSELFATTN_OPENMP=ON)";
-#else
-  Random random(45);
-  const auto q = random.normal_tensor<double, 4>({1, 4, 200, 32});
-  const auto k = random.normal_tensor<double, 4>({1, 2, 300, 32});
-  const auto v = random.normal_tensor<double, 4>({1, 2, 300, 16});
-  const auto dout = random.normal_tensor<double, 4>({1, 4, 200, 16});
-  // (1, 1, 1, Lk): every key/value head's tasks add into the same dbias elements, so each thread accumulates
-  // its own copy. (A bias constant along the keys, (.., Lq, 1), would not do: softmax ignores it, dbias = 0.)
-  const auto bias = random.normal_tensor<double, 4>({1, 1, 1, 300});
-  AttentionOptions<double> opts;
-  opts.causal = Causal::bottom_right;
-  opts.bias = bias;
-  const int saved = omp_get_max_threads();
-  omp_set_num_threads(1);
-  const auto one = sdpa_forward(q, k, v, opts);
-  const auto g_one = sdpa_backward(q, k, v, one.out, one.lse, dout, opts);
-  omp_set_num_threads(3);
-  const auto three = sdpa_forward(q, k, v, opts);
-  const auto g_three = sdpa_backward(q, k, v, one.out, one.lse, dout, opts);
-  const auto g_three_again = sdpa_backward(q, k, v, one.out, one.lse, dout, opts);
-  omp_set_num_threads(saved);
-  EXPECT_TRUE(test::all_close(three.out, one.out, 0.0));
-  EXPECT_TRUE(test::all_close(three.lse, one.lse, 0.0));
-  for (const auto& [x, y] : {std::pair(&g_three.dq, &g_one.dq), std::pair(&g_three.dk, &g_one.dk),
-                             std::pair(&g_three.dv, &g_one.dv), std::pair(&g_three.dbias, &g_one.dbias)})
-    EXPECT_TRUE(test::all_close(*x, *y, 1e-13));
-  EXPECT_TRUE(test::all_close(g_three.dq, g_three_again.dq, 0.0));
-  EXPECT_TRUE(test::all_close(g_three.dbias, g_three_again.dbias, 0.0));
-#endif
-}
-
 TEST(FusedTest, KernelOptionSelectsTheKernel) {
   Random random(46);
   const auto q = random.normal_tensor<double, 4>({1, 2, 70, 8});
