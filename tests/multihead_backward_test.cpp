@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -167,6 +168,55 @@ TEST(MultiHeadBackwardTest, RepeatedBackwardIsBitwiseEqual) {
   EXPECT_TRUE(all_close(a.params.out_bias, b.params.out_bias, 0.0));
 }
 
+// The result of forward views its inputs for backward; a temporary input is moved into the result (a const one
+// copied), so backward after the temporary's statement reads the kept tensor, not freed memory: the sanitize stage
+// runs this under AddressSanitizer. Gradients equal those of named inputs bit for bit, also through a copy of the
+// result that outlives the original.
+TEST(MultiHeadBackwardTest, ForwardKeepsTemporaryInputsForBackward) {
+  Random random(7);
+  MultiHeadAttentionConfig cfg;
+  cfg.embed_dim = 16;
+  cfg.num_heads = 4;
+  cfg.num_kv_heads = 2;
+  cfg.rope_dim = 4;
+  const MultiHeadAttention<double> mha(cfg, 3);
+  MultiHeadAttentionConfig cross_cfg = cfg;
+  cross_cfg.kdim = 12;
+  cross_cfg.vdim = 10;
+  const MultiHeadAttention<double> cross(cross_cfg, 4);
+  const auto x = random.normal_tensor<double, 3>({2, 5, 16});
+  const auto memory_k = random.normal_tensor<double, 3>({2, 6, 12});
+  const auto memory_v = random.normal_tensor<double, 3>({2, 6, 10});
+  const auto dout = random.normal_tensor<double, 3>({2, 5, 16});
+  const auto temporary = [](const Tensor<double, 3>& t) { return Tensor<double, 3>(t); };
+  const auto const_temporary = [](const Tensor<double, 3>& t) -> const Tensor<double, 3> { return Tensor<double, 3>(t); };
+  const auto expect_equal = [](const MhaGradients<double>& a, const MhaGradients<double>& b) {
+    EXPECT_TRUE(all_close(a.d_query, b.d_query, 0.0));
+    EXPECT_TRUE(all_close(a.d_key, b.d_key, 0.0));
+    EXPECT_TRUE(all_close(a.d_value, b.d_value, 0.0));
+    EXPECT_TRUE(all_close(a.params.q_weight, b.params.q_weight, 0.0));
+    EXPECT_TRUE(all_close(a.params.k_weight, b.params.k_weight, 0.0));
+    EXPECT_TRUE(all_close(a.params.v_weight, b.params.v_weight, 0.0));
+  };
+
+  const MhaForward<double> self_named = mha.forward(x);
+  EXPECT_EQ(self_named.kept[0], nullptr);  // named inputs stay the caller's
+  const MhaGradients<double> self_expected = mha.backward(dout, self_named);
+  const MhaForward<double> self_kept = mha.forward(temporary(x));
+  ASSERT_NE(self_kept.kept[0], nullptr);
+  EXPECT_EQ(self_kept.query.data(), self_kept.kept[0]->data());  // moved, not copied: the view is of the kept data
+  expect_equal(mha.backward(dout, self_kept), self_expected);
+
+  std::optional<MhaForward<double>> original(mha.forward(temporary(x)));
+  const MhaForward<double> copy = *original;
+  original.reset();
+  expect_equal(mha.backward(dout, copy), self_expected);
+
+  const MhaGradients<double> cross_expected = cross.backward(dout, cross.forward(x, memory_k, memory_v));
+  const MhaForward<double> cross_kept = cross.forward(temporary(x), const_temporary(memory_k), temporary(memory_v));
+  expect_equal(cross.backward(dout, cross_kept), cross_expected);
+}
+
 TEST(MultiHeadBackwardTest, BadUpstreamGradientThrows) {
   MultiHeadAttentionConfig cfg;
   cfg.embed_dim = 8;
@@ -194,7 +244,8 @@ TEST(LinearBackwardTest, GradientsMatchFiniteDifferences) {
   EXPECT_TRUE(all_close(g.dweight, numerical_gradient(w, loss), gradient_tolerance));
   EXPECT_TRUE(all_close(g.dbias, numerical_gradient(b, loss), gradient_tolerance));
   EXPECT_EQ(linear_backward<double>(x, w, upstream, false).dbias.size(), 0);
-  test::expect_error<ShapeError>([&] { linear_backward<double>(x, w, Tensor<double, 3>({2, 3, 5}), true); },
+  const Tensor<double, 3> wrong_upstream({2, 3, 5});
+  test::expect_error<ShapeError>([&] { linear_backward<double>(x, w, wrong_upstream, true); },
                                  {"[linear_backward] dy:", "(2, 3, 4)"});
 }
 

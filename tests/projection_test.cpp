@@ -72,7 +72,8 @@ TYPED_TEST(ProjectionTest, LinearMatchesBruteForceOnContiguousInput) {
     const Tensor<T, 3> without_bias = linear<T>(x, w);
     EXPECT_TRUE(all_close(without_bias, brute_force_linear<T>(x, w, {}), default_tolerance<T>()));
     // An empty bias tensor means "absent", like a default-constructed view.
-    EXPECT_TRUE(all_close(linear<T>(x, w, Tensor<T, 1>()), without_bias, 0.0));
+    const Tensor<T, 1> empty_bias;
+    EXPECT_TRUE(all_close(linear<T>(x, w, empty_bias), without_bias, 0.0));
     if (s.out > 0 && s.batch * s.length > 0) {
       // The bias is really added: the two differ by exactly the bias on every row.
       EXPECT_FALSE(all_close(with_bias, without_bias, default_tolerance<T>()));
@@ -268,7 +269,8 @@ TYPED_TEST(ProjectionTest, BiasOfTheWrongLengthThrows) {
     expect_error<ShapeError>([&] { (void)linear<T>(x, w, bias); },
                              {"[linear]", "bias", "(3)", "(" + std::to_string(length) + ")"});
   }
-  EXPECT_NO_THROW((void)linear<T>(x, w, Tensor<T, 1>(std::array<Index, 1>{3})));
+  const Tensor<T, 1> bias_of_three({3});
+  EXPECT_NO_THROW((void)linear<T>(x, w, bias_of_three));
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <type_traits>
 
 namespace selfattn {
@@ -124,11 +125,31 @@ AttentionParams<T> make_params(const TensorView<const T, 4>& q, const TensorView
   return p;
 }
 
-template <typename Q, typename K, typename V>
-constexpr bool are_attention_inputs =
-    is_tensor_of_rank<Q, 4> && is_tensor_of_rank<K, 4> && is_tensor_of_rank<V, 4> &&
-    std::is_same_v<scalar_of<Q>, scalar_of<K>> && std::is_same_v<scalar_of<Q>, scalar_of<V>> &&
-    std::is_floating_point_v<scalar_of<Q>>;
+/// The compile-time rule of every attention entry: its tensor arguments (q, k, v, and out and dout for the
+/// backward) are rank-4 Tensors or TensorViews of one floating-point type. One sentence per mistake instead of a
+/// failed substitution; true when the rule holds, so that the entry compiles its body only then.
+template <typename... X>
+constexpr bool check_attention_arguments() {
+  using First = scalar_of<std::tuple_element_t<0, std::tuple<X...>>>;
+  constexpr bool tensors = all_tensors<X...>;
+  constexpr bool rank_4 = tensors && all_of_rank<4, X...>;
+  constexpr bool one_type = rank_4 && all_hold<First, X...>;
+  static_assert(tensors,
+                "selfattn: q, k, v (and out, dout) must be selfattn::Tensor or TensorView; an Eigen matrix is not one "
+                "(see as_view, or wrap its memory in a TensorView)");
+  static_assert(!tensors || rank_4, "selfattn: q, k, v (and out, dout) must be rank 4: (batch, heads, length, head_dim)");
+  static_assert(!rank_4 || one_type, "selfattn: q, k, v (and out, dout) must hold one element type: all float or all double");
+  static_assert(!one_type || std::is_floating_point_v<First>, "selfattn: attention runs on float or double tensors");
+  return one_type && std::is_floating_point_v<First>;
+}
+
+/// The log-sum-exp argument of sdpa_backward: a rank-3 (batch, heads, length) tensor of q's element type.
+template <typename T, typename L>
+constexpr bool check_lse_argument() {
+  static_assert(is_tensor_of_rank<L, 3> && std::is_same_v<scalar_of<L>, T>,
+                "selfattn: lse must be a rank-3 (batch, heads, length) Tensor or TensorView of q's element type");
+  return is_tensor_of_rank<L, 3> && std::is_same_v<scalar_of<L>, T>;
+}
 
 /// The one place that chooses the forward kernel of a call (see Kernel): the reference when the weights are
 /// wanted or asked for, the decode kernel for few query rows (decode_suits), else the fused kernel.
@@ -232,6 +253,25 @@ AttentionGradients<T> sdpa_backward_views(const char* function, const TensorView
   return g;
 }
 
+/// attention_weights on views of one element type: validate, run the kernel that has weights with Dv = 0.
+template <typename T>
+Tensor<T, 4> attention_weights_views(const TensorView<const T, 4>& q, const TensorView<const T, 4>& k,
+                                     const AttentionOptions<T>& opts) {
+  validate_query_key("attention_weights", q, k);
+  validate_options("attention_weights", opts, q.dim(0), q.dim(1), q.dim(2), k.dim(2));
+  // Weights are taken before dropout and need no values: run the kernel with Dv = 0.
+  const TensorView<const T, 4> no_values(nullptr, {k.dim(0), k.dim(1), k.dim(2), 0});
+  AttentionOptions<T> weights_only = opts;
+  weights_only.dropout_p = T(0);
+  weights_only.need_weights = true;  // the dispatch then runs the one kernel that has weights
+  Tensor<T, 4> out({q.dim(0), q.dim(1), q.dim(2), 0});
+  Tensor<T, 3> lse({q.dim(0), q.dim(1), q.dim(2)});
+  Tensor<T, 4> weights({q.dim(0), q.dim(1), q.dim(2), k.dim(2)});
+  run_forward(make_params(q, k, no_values, weights_only), weights_only,
+              ForwardOutputs<T>{out.view(), lse.view(), weights.view()});
+  return weights;
+}
+
 }  // namespace detail
 
 /// \brief Scaled dot-product attention: out = softmax(scale * q k^T + masks) v, with lse and optional weights.
@@ -246,11 +286,14 @@ AttentionGradients<T> sdpa_backward_views(const char* function, const TensorView
 /// opts.causal = Causal::top_left;
 /// auto fwd = sdpa_forward(q, k, v, opts);  // fwd.out (1, 8, 128, 64), fwd.lse (1, 8, 128)
 /// \endcode
-template <typename Q, typename K, typename V, typename = std::enable_if_t<detail::are_attention_inputs<Q, K, V>>>
-AttentionForward<detail::scalar_of<Q>> sdpa_forward(const Q& q, const K& k, const V& v,
-                                                    const AttentionOptions<detail::scalar_of<Q>>& opts = {}) {
-  return detail::sdpa_forward_views("sdpa_forward", detail::const_view(q), detail::const_view(k), detail::const_view(v),
-                                    opts);
+template <typename Q, typename K, typename V>
+AttentionForward<detail::float_scalar_of<Q>> sdpa_forward(const Q& q, const K& k, const V& v,
+                                                          const AttentionOptions<detail::float_scalar_of<Q>>& opts = {}) {
+  if constexpr (detail::check_attention_arguments<Q, K, V>())
+    return detail::sdpa_forward_views("sdpa_forward", detail::const_view(q), detail::const_view(k),
+                                      detail::const_view(v), opts);
+  else
+    return {};
 }
 
 /// \brief sdpa_forward into caller-owned outputs: no allocation of results, for loops that reuse buffers.
@@ -265,12 +308,13 @@ AttentionForward<detail::scalar_of<Q>> sdpa_forward(const Q& q, const K& k, cons
 /// Tensor<float, 3> lse({1, 8, 1});
 /// for (int step = 0; step < steps; ++step) sdpa_forward_into(q, k, v, out, lse, opts);   // no result allocated
 /// \endcode
-template <typename Q, typename K, typename V, typename = std::enable_if_t<detail::are_attention_inputs<Q, K, V>>>
-void sdpa_forward_into(const Q& q, const K& k, const V& v, const TensorView<detail::scalar_of<Q>, 4>& out,
-                       const TensorView<detail::scalar_of<Q>, 3>& lse,
-                       const AttentionOptions<detail::scalar_of<Q>>& opts = {}) {
-  detail::sdpa_forward_into_views("sdpa_forward_into", detail::const_view(q), detail::const_view(k),
-                                  detail::const_view(v), out, lse, opts);
+template <typename Q, typename K, typename V>
+void sdpa_forward_into(const Q& q, const K& k, const V& v, const TensorView<detail::float_scalar_of<Q>, 4>& out,
+                       const TensorView<detail::float_scalar_of<Q>, 3>& lse,
+                       const AttentionOptions<detail::float_scalar_of<Q>>& opts = {}) {
+  if constexpr (detail::check_attention_arguments<Q, K, V>())
+    detail::sdpa_forward_into_views("sdpa_forward_into", detail::const_view(q), detail::const_view(k),
+                                    detail::const_view(v), out, lse, opts);
 }
 
 /// \brief Gradients of scaled dot-product attention, given the forward's `out` and `lse` for the same inputs
@@ -284,16 +328,17 @@ void sdpa_forward_into(const Q& q, const K& k, const V& v, const TensorView<deta
 /// auto fwd = sdpa_forward(q, k, v, opts);
 /// auto g = sdpa_backward(q, k, v, fwd.out, fwd.lse, dout, opts);   // g.dq, g.dk, g.dv
 /// \endcode
-template <typename Q, typename K, typename V, typename O, typename L, typename DO,
-          typename = std::enable_if_t<detail::are_attention_inputs<Q, K, V> && detail::are_attention_inputs<O, DO, Q> &&
-                                      detail::is_tensor_of_rank<L, 3> &&
-                                      std::is_same_v<detail::scalar_of<L>, detail::scalar_of<Q>>>>
-AttentionGradients<detail::scalar_of<Q>> sdpa_backward(const Q& q, const K& k, const V& v, const O& out, const L& lse,
-                                                       const DO& dout,
-                                                       const AttentionOptions<detail::scalar_of<Q>>& opts = {}) {
-  return detail::sdpa_backward_views("sdpa_backward", detail::const_view(q), detail::const_view(k),
-                                     detail::const_view(v), detail::const_view(out), detail::const_view(lse),
-                                     detail::const_view(dout), opts);
+template <typename Q, typename K, typename V, typename O, typename L, typename DO>
+AttentionGradients<detail::float_scalar_of<Q>> sdpa_backward(const Q& q, const K& k, const V& v, const O& out,
+                                                             const L& lse, const DO& dout,
+                                                             const AttentionOptions<detail::float_scalar_of<Q>>& opts = {}) {
+  if constexpr (detail::check_attention_arguments<Q, K, V, O, DO>() &&
+                detail::check_lse_argument<detail::scalar_of<Q>, L>())
+    return detail::sdpa_backward_views("sdpa_backward", detail::const_view(q), detail::const_view(k),
+                                       detail::const_view(v), detail::const_view(out), detail::const_view(lse),
+                                       detail::const_view(dout), opts);
+  else
+    return {};
 }
 
 /// \brief The attention output only: (B, H, Lq, Dv). No weights are returned; `opts.need_weights` only keeps
@@ -304,15 +349,19 @@ AttentionGradients<detail::scalar_of<Q>> sdpa_backward(const Q& q, const K& k, c
 /// \code
 /// Tensor<double, 4> o = scaled_dot_product_attention(q, k, v);
 /// \endcode
-template <typename Q, typename K, typename V, typename = std::enable_if_t<detail::are_attention_inputs<Q, K, V>>>
-Tensor<detail::scalar_of<Q>, 4> scaled_dot_product_attention(const Q& q, const K& k, const V& v,
-                                                             const AttentionOptions<detail::scalar_of<Q>>& opts = {}) {
-  AttentionOptions<detail::scalar_of<Q>> without_weights = opts;
-  without_weights.need_weights = false;
-  if (opts.need_weights) without_weights.kernel = Kernel::reference;  // the kernel sdpa_forward(opts) runs
-  return detail::sdpa_forward_views("scaled_dot_product_attention", detail::const_view(q), detail::const_view(k),
-                                    detail::const_view(v), without_weights)
-      .out;
+template <typename Q, typename K, typename V>
+Tensor<detail::float_scalar_of<Q>, 4> scaled_dot_product_attention(
+    const Q& q, const K& k, const V& v, const AttentionOptions<detail::float_scalar_of<Q>>& opts = {}) {
+  if constexpr (detail::check_attention_arguments<Q, K, V>()) {
+    AttentionOptions<detail::scalar_of<Q>> without_weights = opts;
+    without_weights.need_weights = false;
+    if (opts.need_weights) without_weights.kernel = Kernel::reference;  // the kernel sdpa_forward(opts) runs
+    return detail::sdpa_forward_views("scaled_dot_product_attention", detail::const_view(q), detail::const_view(k),
+                                      detail::const_view(v), without_weights)
+        .out;
+  } else {
+    return {};
+  }
 }
 
 /// \brief The attention probabilities (B, H, Lq, Lk) for q (B, H, Lq, D) and k (B, Hkv, Lk, D), before
@@ -322,24 +371,13 @@ Tensor<detail::scalar_of<Q>, 4> scaled_dot_product_attention(const Q& q, const K
 /// \code
 /// Tensor<float, 4> p = attention_weights(q, k, opts);  // each row sums to 1 (or is all 0)
 /// \endcode
-template <typename Q, typename K, typename = std::enable_if_t<detail::are_attention_inputs<Q, K, K>>>
-Tensor<detail::scalar_of<Q>, 4> attention_weights(const Q& q, const K& k,
-                                                  const AttentionOptions<detail::scalar_of<Q>>& opts = {}) {
-  using T = detail::scalar_of<Q>;
-  const TensorView<const T, 4> qv = detail::const_view(q), kv = detail::const_view(k);
-  detail::validate_query_key("attention_weights", qv, kv);
-  detail::validate_options("attention_weights", opts, qv.dim(0), qv.dim(1), qv.dim(2), kv.dim(2));
-  // Weights are taken before dropout and need no values: run the kernel with Dv = 0.
-  const TensorView<const T, 4> no_values(nullptr, {kv.dim(0), kv.dim(1), kv.dim(2), 0});
-  AttentionOptions<T> weights_only = opts;
-  weights_only.dropout_p = T(0);
-  weights_only.need_weights = true;  // the dispatch then runs the one kernel that has weights
-  Tensor<T, 4> out({qv.dim(0), qv.dim(1), qv.dim(2), 0});
-  Tensor<T, 3> lse({qv.dim(0), qv.dim(1), qv.dim(2)});
-  Tensor<T, 4> weights({qv.dim(0), qv.dim(1), qv.dim(2), kv.dim(2)});
-  detail::run_forward(detail::make_params(qv, kv, no_values, weights_only), weights_only,
-                      detail::ForwardOutputs<T>{out.view(), lse.view(), weights.view()});
-  return weights;
+template <typename Q, typename K>
+Tensor<detail::float_scalar_of<Q>, 4> attention_weights(const Q& q, const K& k,
+                                                        const AttentionOptions<detail::float_scalar_of<Q>>& opts = {}) {
+  if constexpr (detail::check_attention_arguments<Q, K>())
+    return detail::attention_weights_views(detail::const_view(q), detail::const_view(k), opts);
+  else
+    return {};
 }
 
 }  // namespace selfattn

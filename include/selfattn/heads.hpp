@@ -51,16 +51,22 @@ TensorView<const T, 4> split_heads(const Tensor<T, 3>&& x, Index heads) = delete
 /// \code
 /// Tensor<float, 3> y = merge_heads(attention_out);   // (B, H, L, D) -> (B, L, H * D)
 /// \endcode
-template <typename X, typename = std::enable_if_t<detail::is_tensor_of_rank<X, 4>>>
-Tensor<detail::scalar_of<X>, 3> merge_heads(const X& heads) {
-  using T = detail::scalar_of<X>;
-  const TensorView<const T, 4> x = detail::const_view(heads);
-  Tensor<T, 3> merged({x.dim(0), x.dim(2), x.dim(1) * x.dim(3)});
-  if (x.dim(1) == 0) return merged;
-  // Copy through the split view of the result, one (L, D) head at a time.
-  const TensorView<T, 4> target = split_heads(merged, x.dim(1));
-  for (Index b = 0; b < x.dim(0); ++b)
-    for (Index h = 0; h < x.dim(1); ++h) as_matrix(target[b][h]) = as_matrix(x[b][h]);
+template <typename X>
+Tensor<detail::float_scalar_of<X>, 3> merge_heads(const X& heads) {
+  using T = detail::float_scalar_of<X>;
+  static_assert(detail::is_tensor_of_rank<X, 4> && std::is_same_v<detail::scalar_of<X>, T>,
+                "merge_heads: heads must be a rank-4 (batch, heads, length, head_dim) Tensor or TensorView of float "
+                "or double");
+  Tensor<T, 3> merged;
+  if constexpr (detail::is_tensor_of_rank<X, 4> && std::is_same_v<detail::scalar_of<X>, T>) {
+    const TensorView<const T, 4> x = detail::const_view(heads);
+    merged = Tensor<T, 3>({x.dim(0), x.dim(2), x.dim(1) * x.dim(3)});
+    if (x.dim(1) == 0) return merged;
+    // Copy through the split view of the result, one (L, D) head at a time.
+    const TensorView<T, 4> target = split_heads(merged, x.dim(1));
+    for (Index b = 0; b < x.dim(0); ++b)
+      for (Index h = 0; h < x.dim(1); ++h) as_matrix(target[b][h]) = as_matrix(x[b][h]);
+  }
   return merged;
 }
 
@@ -76,14 +82,15 @@ Tensor<detail::scalar_of<X>, 3> merge_heads(const X& heads) {
 /// auto fwd = mha.forward(x, opts);                    // fwd.weights (B, H, L, L)
 /// Tensor<float, 3> mean = average_heads(fwd.weights); // (B, L, L), what PyTorch returns by default
 /// \endcode
-template <typename X, typename = std::enable_if_t<detail::tensor_traits<std::decay_t<X>>::is_tensor>>
-Tensor<detail::scalar_of<X>, 3> average_heads(const X& weights) {
-  using T = detail::scalar_of<X>;
+template <typename X>
+Tensor<detail::float_scalar_of<X>, 3> average_heads(const X& weights) {
+  using T = detail::float_scalar_of<X>;
   static_assert(detail::is_tensor_of_rank<X, 4>,
                 "average_heads: weights must be a rank-4 (B, H, Lq, Lk) Tensor or TensorView");
-  static_assert(std::is_floating_point_v<T>, "average_heads: weights must hold float or double");
+  static_assert(!detail::is_tensor<X> || std::is_same_v<detail::scalar_of<X>, T>,
+                "average_heads: weights must hold float or double");
   Tensor<T, 3> mean;
-  if constexpr (detail::is_tensor_of_rank<X, 4> && std::is_floating_point_v<T>) {
+  if constexpr (detail::is_tensor_of_rank<X, 4> && std::is_same_v<detail::scalar_of<X>, T>) {
     const TensorView<const T, 4> w = detail::const_view(weights);
     if (w.dim(1) < 1)
       detail::throw_shape_error("average_heads", "weights",

@@ -66,6 +66,17 @@ void check_shape_valid(const std::array<Index, Rank>& shape) {
       throw std::invalid_argument("selfattn::Tensor: negative extent in shape " + shape_string<Rank>(shape));
 }
 
+/// A braced shape or stride list, `{2, 4, 5}`, as a std::array; a list of another length than the rank does not
+/// compile (std::array would silently pad it with zeros: Tensor<float, 4>({2, 4, 5}) shaped (2, 4, 5, 0)).
+template <int Rank, std::size_t N>
+std::array<Index, Rank> extent_list(const Index (&list)[N]) {
+  static_assert(N == static_cast<std::size_t>(Rank),
+                "selfattn: a braced shape or stride list needs exactly one extent per dimension (Rank of them)");
+  std::array<Index, Rank> extents{};
+  for (std::size_t d = 0; d < N && d < extents.size(); ++d) extents[d] = list[d];
+  return extents;
+}
+
 }  // namespace detail
 
 /// \brief A non-owning, strided, row-major view of `Rank`-dimensional data of element type `T`.
@@ -95,6 +106,9 @@ class TensorView {
 
   /// Wraps contiguous row-major memory. Throws std::invalid_argument for a negative extent.
   TensorView(T* data, const Shape& shape) : TensorView(data, shape, detail::row_major_strides<Rank>(shape)) {}
+  /// \overload `TensorView<float, 2>(p, {2, 3})`: a braced list of another length than Rank does not compile.
+  template <std::size_t N>
+  TensorView(T* data, const Index (&shape)[N]) : TensorView(data, detail::extent_list<Rank>(shape)) {}
 
   /// Wraps strided memory; `strides` in elements, the last one must be 1. Throws std::invalid_argument for a
   /// negative extent or stride, or a last stride other than 1 (when the view has more than one element).
@@ -109,6 +123,10 @@ class TensorView {
                                     detail::shape_string<Rank>(strides));
     strides_[Rank - 1] = 1;
   }
+  /// \overload Braced shape and strides; lists of another length than Rank do not compile.
+  template <std::size_t N, std::size_t M>
+  TensorView(T* data, const Index (&shape)[N], const Index (&strides)[M])
+      : TensorView(data, detail::extent_list<Rank>(shape), detail::extent_list<Rank>(strides)) {}
 
   /// A view of mutable data converts to a view of const data.
   template <typename U, typename = std::enable_if_t<std::is_same_v<const U, T> && !std::is_same_v<U, T>>>
@@ -123,6 +141,10 @@ class TensorView {
   template <typename U, typename = std::enable_if_t<std::is_same_v<const U, T>>>
   TensorView(const Tensor<U, Rank>& tensor)  // NOLINT(google-explicit-constructor)
       : TensorView(tensor.data(), tensor.shape()) {}
+  /// A view of a temporary tensor would dangle when the statement ends (`opts.bias = make_bias();`, `TensorView v
+  /// = load();`): keep the tensor in a variable and view that.
+  template <typename U, typename = std::enable_if_t<std::is_same_v<const U, T>>>
+  TensorView(const Tensor<U, Rank>&& tensor) = delete;
 
   T* data() const { return data_; }                                            ///< first element; null when absent
   const Shape& shape() const { return shape_; }                                ///< extents
@@ -272,6 +294,9 @@ class Tensor {
     detail::check_shape_valid<Rank>(shape);
     data_.reset(new T[static_cast<std::size_t>(size())]());
   }
+  /// \overload `Tensor<float, 4>({2, 4, 5, 8})`: a braced list of another length than Rank does not compile.
+  template <std::size_t N>
+  explicit Tensor(const Index (&shape)[N]) : Tensor(detail::extent_list<Rank>(shape)) {}
   /// A contiguous copy of a view's elements.
   explicit Tensor(const TensorView<const T, Rank>& view) : Tensor(view.shape()) { copy_from(view); }
 
@@ -535,6 +560,18 @@ namespace detail {
 /// Whether X (after decay) is a Tensor or TensorView: the operators below take nothing else.
 template <typename X>
 constexpr bool is_tensor = tensor_traits<std::decay_t<X>>::is_tensor;
+
+// For the public entries' compile-time checks: each entry states its rule in a static_assert sentence.
+template <typename... X>
+constexpr bool all_tensors = (is_tensor<X> && ...);
+template <int R, typename... X>
+constexpr bool all_of_rank = ((tensor_traits<std::decay_t<X>>::rank == R) && ...);
+template <typename T, typename... X>
+constexpr bool all_hold = (std::is_same_v<scalar_of<X>, T> && ...);
+/// The element type a public signature names for argument X: X's when it is float or double, else float, so that
+/// a wrong argument reaches the entry's static_asserts instead of failing to substitute.
+template <typename X>
+using float_scalar_of = std::conditional_t<std::is_floating_point_v<scalar_of<X>>, scalar_of<X>, float>;
 
 /// Calls `f(offsets)` at the first element of every row (last dimension) of N views of one shape, in
 /// row-major order; `offsets[n]` is in elements of view n, whose strides are `strides[n]`. Nothing when empty.

@@ -19,6 +19,7 @@
 #include <selfattn/tensor.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -27,6 +28,7 @@
 #include <random>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 namespace selfattn {
 
@@ -103,6 +105,39 @@ struct ProjectionBlock {
   }
 };
 
+/// A module input as the forward saves it for backward: a view of the caller's tensor, or of the temporary
+/// tensor moved (or, if const, copied) into `owned`.
+template <typename T>
+struct SavedInput {
+  TensorView<const T, 3> view;
+  std::shared_ptr<const Tensor<T, 3>> owned;
+};
+
+template <typename T, typename X>
+SavedInput<T> save_input(X&& x) {
+  if constexpr (std::is_rvalue_reference_v<X&&> && std::is_same_v<std::decay_t<X>, Tensor<T, 3>>) {
+    auto owned = std::make_shared<const Tensor<T, 3>>(std::forward<X>(x));
+    return {owned->view(), std::move(owned)};
+  } else {
+    return {const_view(x), nullptr};
+  }
+}
+
+/// The compile-time rule of the module's entries: (batch, length, features) Tensors or TensorViews holding the
+/// module's element type T.
+template <typename T, typename... X>
+constexpr bool check_module_arguments() {
+  constexpr bool tensors = all_tensors<X...>;
+  constexpr bool rank_3 = tensors && all_of_rank<3, X...>;
+  static_assert(tensors, "MultiHeadAttention: query, key, value, x, x_new and dout must be selfattn::Tensor or "
+                         "TensorView; an Eigen matrix is not one (see as_view)");
+  static_assert(!tensors || rank_3,
+                "MultiHeadAttention: query, key, value, x, x_new and dout must be rank 3: (batch, length, features)");
+  static_assert(!rank_3 || all_hold<T, X...>,
+                "MultiHeadAttention<T>: query, key, value, x, x_new and dout must hold the module's element type T");
+  return rank_3 && all_hold<T, X...>;
+}
+
 }  // namespace detail
 
 /// \brief What MultiHeadAttention::forward returns: the output, optional per-head weights, and what
@@ -121,7 +156,8 @@ struct MhaForward {
   Tensor<T, 4> weights;  ///< (B, H, Lq, Lk): per-head attention probabilities when opts.need_weights, else empty
 
   /// \name Saved for the backward pass
-  /// Views of the inputs: the caller keeps them alive until backward.
+  /// Views of the inputs. An input passed as a named tensor (or a view) is the caller's to keep alive until
+  /// backward; one passed as a temporary Tensor was moved into `kept` by the forward.
   ///@{
   /// \var query
   /// (B, Lq, E): view of the query input.
@@ -140,6 +176,9 @@ struct MhaForward {
   AttentionForward<T> attention;      ///< out (B, H, Lq, Dh) and lse (B, H, Lq); weights moved to `weights`
   Tensor<T, 3> merged;                ///< merge_heads(attention.out), the input of the output projection
   AttentionOptions<T> options;        ///< the options the attention ran with (ALiBi, dropout filled in)
+  /// Internal: the inputs that were passed as temporaries, moved here so that query, key and value stay valid
+  /// until backward; shared, so that copies of this result stay valid too. Null for inputs the caller owns.
+  std::array<std::shared_ptr<const Tensor<T, 3>>, 3> kept;
   ///@}
 };
 
@@ -211,18 +250,24 @@ class MultiHeadAttention {
   /// (B, H, Lq, Lk) when opts.need_weights. Masks in `opts` broadcast to (B, H, Lq, Lk); `opts.dropout_p` is
   /// not used (the rate is cfg.dropout, in training mode only). With RoPE, key row j is at position j and
   /// query row l at l + Lk - Lq. Every argument is checked first: ShapeError or std::invalid_argument
-  /// (also for opts.alibi_slopes together with cfg.alibi).
+  /// (also for opts.alibi_slopes together with cfg.alibi). The result views the inputs for backward: a temporary
+  /// Tensor argument is moved into the result (no copy), so `mha.backward(dout, mha.forward(load()))` is safe;
+  /// named tensors and views stay the caller's to keep alive, as do the mask tensors in opts.
   /// \code
   /// MhaForward<float> fwd = mha.forward(query, memory, memory);   // cross-attention: memory (B, Lk, kdim)
   /// \endcode
-  template <typename Q, typename K, typename V,
-            typename = std::enable_if_t<detail::is_tensor_of_rank<Q, 3> && detail::is_tensor_of_rank<K, 3> &&
-                                        detail::is_tensor_of_rank<V, 3>>>
-  MhaForward<T> forward(const Q& query, const K& key, const V& value, const AttentionOptions<T>& opts = {}) const {
-    static_assert(std::is_same_v<detail::scalar_of<Q>, T> && std::is_same_v<detail::scalar_of<K>, T> &&
-                      std::is_same_v<detail::scalar_of<V>, T>,
-                  "MultiHeadAttention<T>::forward: inputs must have element type T");
-    return forward_views(detail::const_view(query), detail::const_view(key), detail::const_view(value), opts);
+  template <typename Q, typename K, typename V>
+  MhaForward<T> forward(Q&& query, K&& key, V&& value, const AttentionOptions<T>& opts = {}) const {
+    if constexpr (detail::check_module_arguments<T, Q, K, V>()) {
+      detail::SavedInput<T> q = detail::save_input<T>(std::forward<Q>(query));
+      detail::SavedInput<T> k = detail::save_input<T>(std::forward<K>(key));
+      detail::SavedInput<T> v = detail::save_input<T>(std::forward<V>(value));
+      MhaForward<T> f = forward_views(q.view, k.view, v.view, opts);
+      f.kept = {std::move(q.owned), std::move(k.owned), std::move(v.owned)};
+      return f;
+    } else {
+      return {};
+    }
   }
 
   /// \brief Self-attention: query = key = value = x (B, L, E).
@@ -233,9 +278,16 @@ class MultiHeadAttention {
   /// opts.causal = Causal::top_left;
   /// Tensor<float, 3> y = mha.forward(x, opts).output;   // (B, L, E)
   /// \endcode
-  template <typename X, typename = std::enable_if_t<detail::is_tensor_of_rank<X, 3>>>
-  MhaForward<T> forward(const X& x, const AttentionOptions<T>& opts = {}) const {
-    return forward(x, x, x, opts);
+  template <typename X>
+  MhaForward<T> forward(X&& x, const AttentionOptions<T>& opts = {}) const {
+    if constexpr (detail::check_module_arguments<T, X>()) {
+      detail::SavedInput<T> saved = detail::save_input<T>(std::forward<X>(x));
+      MhaForward<T> f = forward_views(saved.view, saved.view, saved.view, opts);
+      f.kept[0] = std::move(saved.owned);
+      return f;
+    } else {
+      return {};
+    }
   }
 
   /// \brief A key/value cache for incremental decoding of `batch` sequences with this module (see step).
@@ -266,15 +318,18 @@ class MultiHeadAttention {
   /// Tensor<float, 3> y = mha.step(prompt, cache);   // prefill: prompt (1, L, E) -> (1, L, E)
   /// y = mha.step(next_token, cache);                // (1, 1, E): attends over the L + 1 cached tokens
   /// \endcode
-  template <typename X, typename = std::enable_if_t<detail::is_tensor_of_rank<X, 3>>>
+  template <typename X>
   Tensor<T, 3> step(const X& x_new, KVCache<T>& cache, const AttentionOptions<T>& opts = {},
                     const std::vector<Index>& new_tokens = {}) const {
-    static_assert(std::is_same_v<detail::scalar_of<X>, T>, "MultiHeadAttention<T>::step: x_new must hold T");
-    return step_views(detail::const_view(x_new), cache, opts, new_tokens);
+    if constexpr (detail::check_module_arguments<T, X>())
+      return step_views(detail::const_view(x_new), cache, opts, new_tokens);
+    else
+      return {};
   }
 
   /// Gradients of a scalar loss given dout = d loss / d fwd.output (B, Lq, E). The parameters must be
-  /// unchanged since the forward, and the forward's inputs (and mask tensors) still alive.
+  /// unchanged since the forward, and the forward's inputs that the caller owns (named tensors, views, and the mask
+  /// tensors of opts) still alive; temporaries passed to forward are kept by `f` itself.
   /// The forward's walk in reverse: output projection, merge_heads, attention, RoPE, input projections.
   ///
   /// Shapes: dout (B, Lq, E), f the MhaForward of the call -> d_query (B, Lq, E), d_key (B, Lk, kdim),
@@ -285,10 +340,16 @@ class MultiHeadAttention {
   /// Tensor<float, 3> dout(fwd.output.shape());      // d loss / d output, here zero
   /// MhaGradients<float> g = mha.backward(dout, fwd);
   /// \endcode
-  template <typename DO, typename = std::enable_if_t<detail::is_tensor_of_rank<DO, 3>>>
+  template <typename DO>
   MhaGradients<T> backward(const DO& dout, const MhaForward<T>& f) const {
-    static_assert(std::is_same_v<detail::scalar_of<DO>, T>, "MultiHeadAttention<T>::backward: dout must hold T");
-    const TensorView<const T, 3> dy = detail::const_view(dout);
+    if constexpr (detail::check_module_arguments<T, DO>())
+      return backward_views(detail::const_view(dout), f);
+    else
+      return {};
+  }
+
+ private:
+  MhaGradients<T> backward_views(const TensorView<const T, 3>& dy, const MhaForward<T>& f) const {
     if (!f.q.buffer) detail::throw_invalid(backward_name, "fwd", "is not the result of a forward call");
     detail::check_shape<3>(backward_name, "dout", dy.shape(), f.output.shape());
     check_params(backward_name);
@@ -326,7 +387,6 @@ class MultiHeadAttention {
     return g;
   }
 
- private:
   static constexpr const char* forward_name = "MultiHeadAttention::forward";
   static constexpr const char* backward_name = "MultiHeadAttention::backward";
 
