@@ -328,32 +328,47 @@ TEST(KVCacheMemory, KeepAllGrowsAmortised) {
 
 // ---- the decode kernel and the merge ------------------------------------------------------------------
 
-// The decode kernel (chunks of keys merged by lse) against the reference over many keys and masks.
+// The decode kernel (chunks of keys merged by lse) against the reference over many keys and masks, on each of its
+// three paths: the path rule (detail::decode_path, which the kernel's dispatch calls) is asserted for every case,
+// so the sweep cannot drift onto one path. Streaming: R = G * Lq = 2 rows per key/value head; grouped: R = 6;
+// general: a bias, with and without dropout. Causal bottom-right, key lengths and ALiBi on all three.
 TYPED_TEST(KVCacheTest, DecodeKernelMatchesTheReference) {
   using T = TypeParam;
+  using detail::DecodePath;
   Random random(58);
-  for (Index k_len : {1, 255, 256, 257, 700}) {
-    const Index B = 2, H = 4, Hkv = 2, Lq = 3, D = 16;
-    const auto q = random.normal_tensor<T, 4>({B, H, Lq, D});
-    auto k = random.normal_tensor<T, 4>({B, Hkv, k_len, D});
-    const auto v = random.normal_tensor<T, 4>({B, Hkv, k_len, D});
-    const auto bias = random.normal_tensor<T, 4>({1, H, 1, k_len});
-    AttentionOptions<T> opts;
-    opts.causal = Causal::bottom_right;
-    opts.key_lengths = {k_len, k_len / 2};
-    opts.bias = bias;
-    opts.alibi_slopes = {T(0.01), T(0.02), T(0.03), T(0.04)};
-    for (bool dropout : {false, true}) {
-      opts.dropout_p = dropout ? T(0.25) : T(0);
+  struct Case {
+    DecodePath path;
+    Index q_len;
+    bool bias, dropout;
+  };
+  const Case cases[] = {{DecodePath::streaming, 1, false, false},
+                        {DecodePath::grouped, 3, false, false},
+                        {DecodePath::general, 3, true, false},
+                        {DecodePath::general, 3, true, true}};
+  for (Index k_len : {1, 255, 256, 257, 700})
+    for (const Case& c : cases) {
+      const Index B = 2, H = 4, Hkv = 2, Lq = c.q_len, D = 16;
+      const auto q = random.normal_tensor<T, 4>({B, H, Lq, D});
+      const auto k = random.normal_tensor<T, 4>({B, Hkv, k_len, D});
+      const auto v = random.normal_tensor<T, 4>({B, Hkv, k_len, D});
+      const auto bias = random.normal_tensor<T, 4>({1, H, 1, k_len});
+      AttentionOptions<T> opts;
+      opts.causal = Causal::bottom_right;
+      opts.key_lengths = {k_len, k_len / 2};
+      if (c.bias) opts.bias = bias;
+      opts.alibi_slopes = {T(0.01), T(0.02), T(0.03), T(0.04)};
+      opts.dropout_p = c.dropout ? T(0.25) : T(0);
+      const std::string trace = "Lk " + std::to_string(k_len) + " path " + std::to_string(static_cast<int>(c.path)) +
+                                " dropout " + std::to_string(c.dropout);
       Tensor<T, 4> out({B, H, Lq, D}), expected_out({B, H, Lq, D});
       Tensor<T, 3> lse({B, H, Lq}), expected_lse({B, H, Lq});
       const auto params = detail::make_params<T>(q, k, v, opts);
+      ASSERT_EQ(detail::decode_path(params), c.path) << trace;
       detail::decode_forward(params, detail::ForwardOutputs<T>{out.view(), lse.view(), {}});
       detail::reference_forward(params, detail::ForwardOutputs<T>{expected_out.view(), expected_lse.view(), {}});
-      EXPECT_TRUE(all_close(out, expected_out, default_tolerance<T>())) << "Lk " << k_len << " dropout " << dropout;
-      EXPECT_TRUE(all_close(lse, expected_lse, default_tolerance<T>())) << "Lk " << k_len;
+      EXPECT_TRUE(all_close(out, expected_out, default_tolerance<T>())) << trace;
+      EXPECT_TRUE(all_close(lse, expected_lse, default_tolerance<T>())) << trace;
     }
-  }
 }
 
 TYPED_TEST(KVCacheTest, MergingAnySplitOfTheKeysEqualsTheUnsplitResult) {
