@@ -1,4 +1,4 @@
-# Extracts the README's usage example so that the build can prove it compiles and runs as written.
+# Extracts a code block of a Markdown file so that the build can prove it compiles and runs as written.
 #
 #   cmake -DREADME=<path/to/README.md> -DOUTPUT=<path/to/example.cpp> -P extract_readme_example.cmake
 #
@@ -7,6 +7,13 @@
 # with '#' inside fenced blocks (shell comments) are not headings. OUTPUT is rewritten only when its
 # content changes, so a re-configure does not force a rebuild. Fails (fatal error, non-zero exit)
 # when README is missing, has no such heading, or no complete, non-empty ```cpp block follows it.
+#
+#   cmake -DREADME=<file.md> -DMARKER=<name> -DOUTPUT=<file> -P extract_readme_example.cmake
+#
+# With MARKER: the fenced block (any language) on the line right after the line `<!-- compiled: <name> -->`,
+# an HTML comment that Markdown viewers do not show. The marker must occur exactly once; the comment line
+# written first is `# ...` for a ```cmake block and `// ...` otherwise. Used by tests/consumer for the CMake and
+# C++ snippets of README.md and docs/using_in_projects.md, and by tests/extern_templates.
 #
 # The file is handled as one string, never as a CMake list, so the semicolons and brackets of C++
 # code pass through untouched.
@@ -24,6 +31,58 @@ endif()
 file(READ "${README}" text)
 string(REPLACE "\r\n" "\n" text "${text}")
 set(text "\n${text}")  # every line, the first one too, now starts after a "\n"
+
+# Writes `content` to OUTPUT unless OUTPUT already holds exactly that (keeps the timestamp).
+function(write_if_changed content)
+  if(EXISTS "${OUTPUT}")
+    file(READ "${OUTPUT}" previous)
+    if("${previous}" STREQUAL "${content}")
+      return()
+    endif()
+  endif()
+  file(WRITE "${OUTPUT}" "${content}")
+endfunction()
+
+if(DEFINED MARKER AND NOT "${MARKER}" STREQUAL "")
+  set(marker "\n<!-- compiled: ${MARKER} -->\n")
+  string(FIND "${text}" "${marker}" at)
+  string(FIND "${text}" "${marker}" last REVERSE)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "extract_readme_example.cmake: no line '<!-- compiled: ${MARKER} -->' in ${README}")
+  endif()
+  if(NOT at EQUAL last)
+    message(FATAL_ERROR "extract_readme_example.cmake: '<!-- compiled: ${MARKER} -->' occurs twice in ${README}")
+  endif()
+  string(LENGTH "${marker}" length)
+  math(EXPR at "${at} + ${length}")
+  string(SUBSTRING "${text}" ${at} -1 text)
+  if(NOT text MATCHES "^```([A-Za-z0-9+]*)\n")
+    message(FATAL_ERROR "extract_readme_example.cmake: the line after '<!-- compiled: ${MARKER} -->' in ${README} "
+                        "does not open a fenced block (```lang)")
+  endif()
+  set(language "${CMAKE_MATCH_1}")
+  string(LENGTH "${CMAKE_MATCH_0}" length)
+  string(SUBSTRING "${text}" ${length} -1 text)
+  set(text "\n${text}")
+  string(FIND "${text}" "\n```" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "extract_readme_example.cmake: the block after '<!-- compiled: ${MARKER} -->' in ${README} "
+                        "is not closed")
+  endif()
+  string(SUBSTRING "${text}" 1 ${at} code)
+  string(STRIP "${code}" stripped)
+  if("${stripped}" STREQUAL "")
+    message(FATAL_ERROR "extract_readme_example.cmake: the block after '<!-- compiled: ${MARKER} -->' in ${README} "
+                        "is empty")
+  endif()
+  set(comment "//")
+  if(language STREQUAL "cmake")
+    set(comment "#")
+  endif()
+  write_if_changed("${comment} Generated from ${README} (${MARKER}) by cmake/extract_readme_example.cmake: edit \
+that file, not this one.\n${code}")
+  return()
+endif()
 
 # The first heading line (one or more '#', then a space) that mentions "Usage" and is not inside a
 # fenced block, i.e. has an even number of fence lines before it.
@@ -74,11 +133,4 @@ if("${stripped}" STREQUAL "")
   message(FATAL_ERROR "extract_readme_example.cmake: the ```cpp block after '${heading}' in ${README} is empty")
 endif()
 
-set(content "// Generated from ${README} by cmake/extract_readme_example.cmake: edit the README, not this file.\n${code}")
-if(EXISTS "${OUTPUT}")
-  file(READ "${OUTPUT}" previous)
-  if("${previous}" STREQUAL "${content}")
-    return()  # unchanged: keep the timestamp
-  endif()
-endif()
-file(WRITE "${OUTPUT}" "${content}")
+write_if_changed("// Generated from ${README} by cmake/extract_readme_example.cmake: edit the README, not this file.\n${code}")

@@ -1,0 +1,65 @@
+/// \file
+/// Compile the attention kernels once per program instead of once per translation unit: `extern template`
+/// declarations, for float and double, of the templates that do the work behind the public functions.
+///
+/// The public functions (`sdpa_forward`, `sdpa_forward_into`, `sdpa_backward`, `scaled_dot_product_attention`,
+/// `attention_weights`, `linear`, `linear_backward`) are thin templates over their argument types; each forwards
+/// to one function template of the element type alone, which holds the validation and the kernels. Those, and
+/// `MultiHeadAttention<float>` / `<double>`, are declared here as instantiated elsewhere, so a translation unit
+/// that includes this header compiles none of the kernels. Exactly one .cpp file of the program includes
+/// <selfattn/instantiate.hpp>, which defines them:
+/// \code
+/// // attention.cpp, the one translation unit that compiles the kernels:
+/// #include <selfattn/instantiate.hpp>
+///
+/// // every other file:
+/// #include <selfattn/selfattn.hpp>
+/// #include <selfattn/extern_templates.hpp>
+/// auto fwd = selfattn::sdpa_forward(q, k, v, opts);   // calls the instance compiled in attention.cpp
+/// \endcode
+/// Build the instantiating file with the flags of the rest of the program (optimisation, -march, OpenMP):
+/// the kernels run as that file was compiled. Without it the program does not link (undefined
+/// `selfattn::detail::sdpa_forward_views<float>` and the like). Other element types, and member templates such
+/// as `MultiHeadAttention::forward`, are still compiled where they are used (the latter are thin too: they call
+/// the module's instantiated members). Not included by <selfattn/selfattn.hpp>: it is a choice of the program.
+#pragma once
+
+#include <selfattn/attention.hpp>
+#include <selfattn/nn/multihead.hpp>
+#include <selfattn/projection.hpp>
+
+#include <array>
+
+/// \cond SELFATTN_INTERNAL
+// The explicit instantiations of one element type T, behind KEYWORD: `extern template` here (declarations),
+// `template` in instantiate.hpp (definitions). One list for both, so they cannot drift apart.
+#define SELFATTN_DETAIL_EXPLICIT_INSTANTIATIONS(KEYWORD, T)                                                         \
+  KEYWORD AttentionForward<T> detail::sdpa_forward_views<T>(const char*, const TensorView<const T, 4>&,            \
+                                                            const TensorView<const T, 4>&,                          \
+                                                            const TensorView<const T, 4>&, const AttentionOptions<T>&); \
+  KEYWORD void detail::sdpa_forward_into_views<T>(const char*, const TensorView<const T, 4>&,                      \
+                                                  const TensorView<const T, 4>&, const TensorView<const T, 4>&,    \
+                                                  const TensorView<T, 4>&, const TensorView<T, 3>&,                \
+                                                  const AttentionOptions<T>&);                                      \
+  KEYWORD AttentionGradients<T> detail::sdpa_backward_views<T>(                                                    \
+      const char*, const TensorView<const T, 4>&, const TensorView<const T, 4>&, const TensorView<const T, 4>&,   \
+      const TensorView<const T, 4>&, const TensorView<const T, 3>&, const TensorView<const T, 4>&,                 \
+      const AttentionOptions<T>&);                                                                                 \
+  KEYWORD Tensor<T, 4> detail::attention_weights_views<T>(const TensorView<const T, 4>&, const TensorView<const T, 4>&, \
+                                                         const AttentionOptions<T>&);                               \
+  KEYWORD void detail::run_forward<T>(const detail::AttentionParams<T>&, const AttentionOptions<T>&,               \
+                                      const detail::ForwardOutputs<T>&);                                          \
+  KEYWORD void detail::linear_into<T>(const TensorView<const T, 3>&, const TensorView<const T, 2>&,                \
+                                      const TensorView<const T, 1>&, const TensorView<T, 3>&);                     \
+  KEYWORD Tensor<T, 3> detail::fused_qkv_projection<T>(const TensorView<const T, 3>&,                              \
+                                                       const std::array<TensorView<const T, 2>, 3>&,              \
+                                                       const std::array<TensorView<const T, 1>, 3>&);             \
+  KEYWORD LinearGradients<T> linear_backward<T>(const TensorView<const T, 3>&, const TensorView<const T, 2>&,      \
+                                                const TensorView<const T, 3>&, bool);                              \
+  KEYWORD class MultiHeadAttention<T>
+
+namespace selfattn {
+SELFATTN_DETAIL_EXPLICIT_INSTANTIATIONS(extern template, float);
+SELFATTN_DETAIL_EXPLICIT_INSTANTIATIONS(extern template, double);
+}  // namespace selfattn
+/// \endcond
