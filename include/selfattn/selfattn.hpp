@@ -32,3 +32,4 @@
 #include <selfattn/positional.hpp>
 #include <selfattn/projection.hpp>
 #include <selfattn/tensor.hpp>
+#include <selfattn/workspace.hpp>
