@@ -63,6 +63,12 @@ struct AttentionGradients {
 /// \endcode
 template <typename T>
 struct AttentionGradientViews {
+  AttentionGradientViews() = default;
+  /// dq, dk, dv and, with opts.bias, dbias (Tensors convert to views).
+  AttentionGradientViews(const TensorView<T, 4>& dq_, const TensorView<T, 4>& dk_, const TensorView<T, 4>& dv_,
+                         const TensorView<T, 4>& dbias_ = {})
+      : dq(dq_), dk(dk_), dv(dv_), dbias(dbias_) {}
+
   TensorView<T, 4> dq;     ///< (B, H, Lq, D)
   TensorView<T, 4> dk;     ///< (B, Hkv, Lk, D), contiguous
   TensorView<T, 4> dv;     ///< (B, Hkv, Lk, Dv), contiguous
