@@ -476,7 +476,7 @@ void sdpa_backward_into(const Q& q, const K& k, const V& v, const O& out, const 
                                      detail::const_view(dout), grads, opts, workspace);
 }
 
-/// \overload sdpa_backward_into with a workspace of its own (allocated for the call).
+/// \brief sdpa_backward_into with a workspace of its own, allocated for the call (the same results).
 template <typename Q, typename K, typename V, typename O, typename L, typename DO>
 void sdpa_backward_into(const Q& q, const K& k, const V& v, const O& out, const L& lse, const DO& dout,
                         const AttentionGradientViews<detail::float_scalar_of<Q>>& grads,
