@@ -13,10 +13,12 @@
 #include <selfattn/errors.hpp>
 #include <selfattn/options.hpp>
 #include <selfattn/tensor.hpp>
+#include <selfattn/workspace.hpp>
 
 #include <cmath>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <type_traits>
 
 namespace selfattn {
@@ -50,6 +52,27 @@ struct AttentionGradients {
   Tensor<T, 4> dk;     ///< (B, Hkv, Lk, D): gradient of k, summed over the query heads of each group
   Tensor<T, 4> dv;     ///< (B, Hkv, Lk, Dv): gradient of v, summed over the query heads of each group
   Tensor<T, 4> dbias;  ///< gradient of `opts.bias` in its own (broadcast) shape; empty without a bias
+};
+
+/// \brief Where `sdpa_backward_into` writes the gradients: writable views (or Tensors) of the shapes of q, k and
+/// v, and of `opts.bias` when it is set (empty otherwise). dk, dv and dbias must be contiguous; dq may have any
+/// strides with a contiguous last dimension.
+/// \code
+/// Tensor<float, 4> dq(q.shape()), dk(k.shape()), dv(v.shape());
+/// sdpa_backward_into(q, k, v, out, lse, dout, {dq, dk, dv}, opts, workspace);
+/// \endcode
+template <typename T>
+struct AttentionGradientViews {
+  AttentionGradientViews() = default;
+  /// dq, dk, dv and, with opts.bias, dbias (Tensors convert to views).
+  AttentionGradientViews(const TensorView<T, 4>& dq_, const TensorView<T, 4>& dk_, const TensorView<T, 4>& dv_,
+                         const TensorView<T, 4>& dbias_ = {})
+      : dq(dq_), dk(dk_), dv(dv_), dbias(dbias_) {}
+
+  TensorView<T, 4> dq;     ///< (B, H, Lq, D)
+  TensorView<T, 4> dk;     ///< (B, Hkv, Lk, D), contiguous
+  TensorView<T, 4> dv;     ///< (B, Hkv, Lk, Dv), contiguous
+  TensorView<T, 4> dbias;  ///< the shape of opts.bias, contiguous; empty without a bias
 };
 
 namespace detail {
@@ -162,12 +185,20 @@ Kernel forward_kernel(const AttentionParams<T>& p, const AttentionOptions<T>& op
 
 /// Runs the chosen forward kernel on validated parameters and outputs.
 template <typename T>
-void run_forward(const AttentionParams<T>& p, const AttentionOptions<T>& opts, const ForwardOutputs<T>& outputs) {
+void run_forward(const AttentionParams<T>& p, const AttentionOptions<T>& opts, const ForwardOutputs<T>& outputs,
+                 AttentionWorkspace<T>& workspace) {
   switch (forward_kernel(p, opts)) {
     case Kernel::reference: reference_forward(p, outputs); break;
-    case Kernel::decode: decode_forward(p, outputs); break;
-    default: fused_forward(p, outputs); break;
+    case Kernel::decode: decode_forward(p, outputs, workspace.decode); break;
+    default: fused_forward(p, outputs, workspace.fused); break;
   }
+}
+
+/// run_forward with a workspace of its own, allocated for this call.
+template <typename T>
+void run_forward(const AttentionParams<T>& p, const AttentionOptions<T>& opts, const ForwardOutputs<T>& outputs) {
+  AttentionWorkspace<T> workspace;
+  run_forward(p, opts, outputs, workspace);
 }
 
 /// The checks of every forward entry: q, k, v and the options.
@@ -215,7 +246,8 @@ AttentionForward<T> sdpa_forward_views(const char* function, const TensorView<co
 template <typename T>
 void sdpa_forward_into_views(const char* function, const TensorView<const T, 4>& q, const TensorView<const T, 4>& k,
                              const TensorView<const T, 4>& v, const TensorView<T, 4>& out,
-                             const TensorView<T, 3>& lse, const AttentionOptions<T>& opts) {
+                             const TensorView<T, 3>& lse, const AttentionOptions<T>& opts,
+                             AttentionWorkspace<T>& workspace) {
   validate_forward(function, q, k, v, opts);
   if (opts.need_weights)
     throw_invalid(function, "opts.need_weights", "the _into form returns no weights; use sdpa_forward for them");
@@ -224,7 +256,41 @@ void sdpa_forward_into_views(const char* function, const TensorView<const T, 4>&
   check_destination(function, "out", out, q, k, v, opts);
   check_destination(function, "lse", lse, q, k, v, opts);
   if (overlaps(out, lse)) throw_invalid(function, "lse", "overlaps out; write into separate memory");
-  run_forward(make_params(q, k, v, opts), opts, ForwardOutputs<T>{out, lse, TensorView<T, 4>()});
+  run_forward(make_params(q, k, v, opts), opts, ForwardOutputs<T>{out, lse, TensorView<T, 4>()}, workspace);
+}
+
+template <typename T>
+void sdpa_forward_into_views(const char* function, const TensorView<const T, 4>& q, const TensorView<const T, 4>& k,
+                             const TensorView<const T, 4>& v, const TensorView<T, 4>& out,
+                             const TensorView<T, 3>& lse, const AttentionOptions<T>& opts) {
+  AttentionWorkspace<T> workspace;
+  sdpa_forward_into_views(function, q, k, v, out, lse, opts, workspace);
+}
+
+/// The checks of every backward entry: q, k, v, out, lse, dout and the options.
+template <typename T>
+void validate_backward(const char* function, const TensorView<const T, 4>& q, const TensorView<const T, 4>& k,
+                       const TensorView<const T, 4>& v, const TensorView<const T, 4>& out,
+                       const TensorView<const T, 3>& lse, const TensorView<const T, 4>& dout,
+                       const AttentionOptions<T>& opts) {
+  validate_query_key(function, q, k);
+  check_shape<4>(function, "v", v.shape(), {k.dim(0), k.dim(1), k.dim(2), any_extent});
+  const std::array<Index, 4> out_shape{q.dim(0), q.dim(1), q.dim(2), v.dim(3)};
+  check_shape<4>(function, "out", out.shape(), out_shape);
+  check_shape<3>(function, "lse", lse.shape(), {q.dim(0), q.dim(1), q.dim(2)});
+  check_shape<4>(function, "dout", dout.shape(), out_shape);
+  validate_options(function, opts, q.dim(0), q.dim(1), q.dim(2), k.dim(2));
+}
+
+/// Runs the backward kernel the options choose on validated arguments.
+template <typename T>
+void run_backward(const AttentionParams<T>& p, const AttentionOptions<T>& opts, const BackwardTensors<T>& tensors,
+                  AttentionWorkspace<T>& workspace) {
+  // Either backward accepts the out and lse of any forward: every kernel computes the same lse and out.
+  if (opts.kernel == Kernel::reference)
+    reference_backward(p, tensors);
+  else
+    fused_backward(p, tensors, workspace.backward);
 }
 
 /// sdpa_backward on views of one element type: validate, allocate, run the kernel.
@@ -233,24 +299,49 @@ AttentionGradients<T> sdpa_backward_views(const char* function, const TensorView
                                           const TensorView<const T, 4>& k, const TensorView<const T, 4>& v,
                                           const TensorView<const T, 4>& out, const TensorView<const T, 3>& lse,
                                           const TensorView<const T, 4>& dout, const AttentionOptions<T>& opts) {
-  validate_query_key(function, q, k);
-  check_shape<4>(function, "v", v.shape(), {k.dim(0), k.dim(1), k.dim(2), any_extent});
-  const std::array<Index, 4> out_shape{q.dim(0), q.dim(1), q.dim(2), v.dim(3)};
-  check_shape<4>(function, "out", out.shape(), out_shape);
-  check_shape<3>(function, "lse", lse.shape(), {q.dim(0), q.dim(1), q.dim(2)});
-  check_shape<4>(function, "dout", dout.shape(), out_shape);
-  validate_options(function, opts, q.dim(0), q.dim(1), q.dim(2), k.dim(2));
-
+  validate_backward(function, q, k, v, out, lse, dout, opts);
   AttentionGradients<T> g{Tensor<T, 4>(q.shape()), Tensor<T, 4>(k.shape()), Tensor<T, 4>(v.shape()), Tensor<T, 4>()};
   if (opts.bias.data()) g.dbias = Tensor<T, 4>(opts.bias.shape());
   const BackwardTensors<T> tensors{out, lse, dout, g.dq.view(), g.dk.view(), g.dv.view(),
                                    opts.bias.data() ? g.dbias.view() : TensorView<T, 4>()};
-  // Either backward accepts the out and lse of any forward: every kernel computes the same lse and out.
-  if (opts.kernel == Kernel::reference)
-    reference_backward(make_params(q, k, v, opts), tensors);
-  else
-    fused_backward(make_params(q, k, v, opts), tensors);
+  AttentionWorkspace<T> workspace;
+  run_backward(make_params(q, k, v, opts), opts, tensors, workspace);
   return g;
+}
+
+/// sdpa_backward_into on views of one element type: validate (destinations included), run the kernel.
+template <typename T>
+void sdpa_backward_into_views(const char* function, const TensorView<const T, 4>& q, const TensorView<const T, 4>& k,
+                              const TensorView<const T, 4>& v, const TensorView<const T, 4>& out,
+                              const TensorView<const T, 3>& lse, const TensorView<const T, 4>& dout,
+                              const AttentionGradientViews<T>& g, const AttentionOptions<T>& opts,
+                              AttentionWorkspace<T>& workspace) {
+  validate_backward(function, q, k, v, out, lse, dout, opts);
+  check_shape<4>(function, "grads.dq", g.dq.shape(), q.shape());
+  check_shape<4>(function, "grads.dk", g.dk.shape(), k.shape());
+  check_shape<4>(function, "grads.dv", g.dv.shape(), v.shape());
+  if (opts.bias.data())
+    check_shape<4>(function, "grads.dbias", g.dbias.shape(), opts.bias.shape());
+  else if (g.dbias.data())
+    throw_invalid(function, "grads.dbias", "given without opts.bias; leave it empty");
+  // The kernels accumulate dk, dv and dbias in place over their whole memory: they must be dense.
+  const std::array<std::pair<const char*, TensorView<T, 4>>, 4> destinations{
+      {{"grads.dq", g.dq}, {"grads.dk", g.dk}, {"grads.dv", g.dv}, {"grads.dbias", g.dbias}}};
+  for (std::size_t n = 1; n < destinations.size(); ++n)
+    if (destinations[n].second.data() && !destinations[n].second.is_contiguous())
+      throw_invalid(function, destinations[n].first, "expected a contiguous tensor (it is accumulated in place)");
+  for (std::size_t n = 0; n < destinations.size(); ++n) {
+    const auto& [name, destination] = destinations[n];
+    check_destination(function, name, destination, q, k, v, opts);
+    if (overlaps(destination, out)) throw_invalid(function, name, "overlaps out; write into separate memory");
+    if (overlaps(destination, lse)) throw_invalid(function, name, "overlaps lse; write into separate memory");
+    if (overlaps(destination, dout)) throw_invalid(function, name, "overlaps dout; write into separate memory");
+    for (std::size_t m = 0; m < n; ++m)
+      if (overlaps(destination, destinations[m].second))
+        throw_invalid(function, name, std::string("overlaps ") + destinations[m].first + "; write into separate memory");
+  }
+  run_backward(make_params(q, k, v, opts), opts, BackwardTensors<T>{out, lse, dout, g.dq, g.dk, g.dv, g.dbias},
+               workspace);
 }
 
 /// attention_weights on views of one element type: validate, run the kernel that has weights with Dv = 0.
@@ -317,6 +408,24 @@ void sdpa_forward_into(const Q& q, const K& k, const V& v, const TensorView<deta
                                     detail::const_view(v), out, lse, opts);
 }
 
+/// \brief sdpa_forward_into with the kernels' scratch in `workspace`: after a first call of a shape, a call of
+/// that shape allocates nothing at all (with the fused or decode kernel; the reference kernel allocates).
+///
+/// Shapes, results and errors as the overload without a workspace, which writes bitwise the same out and lse.
+/// \code
+/// AttentionWorkspace<float> ws;
+/// for (int step = 0; step < steps; ++step) sdpa_forward_into(q, k, v, out, lse, opts, ws);  // 0 allocations
+/// \endcode
+template <typename Q, typename K, typename V>
+void sdpa_forward_into(const Q& q, const K& k, const V& v, const TensorView<detail::float_scalar_of<Q>, 4>& out,
+                       const TensorView<detail::float_scalar_of<Q>, 3>& lse,
+                       const AttentionOptions<detail::float_scalar_of<Q>>& opts,
+                       AttentionWorkspace<detail::float_scalar_of<Q>>& workspace) {
+  if constexpr (detail::check_attention_arguments<Q, K, V>())
+    detail::sdpa_forward_into_views("sdpa_forward_into", detail::const_view(q), detail::const_view(k),
+                                    detail::const_view(v), out, lse, opts, workspace);
+}
+
 /// \brief Gradients of scaled dot-product attention, given the forward's `out` and `lse` for the same inputs
 /// and options and the upstream gradient `dout`.
 ///
@@ -339,6 +448,41 @@ AttentionGradients<detail::float_scalar_of<Q>> sdpa_backward(const Q& q, const K
                                        detail::const_view(dout), opts);
   else
     return {};
+}
+
+/// \brief sdpa_backward into caller-owned gradients, with the kernels' scratch in `workspace`: after a first call of
+/// a shape, a call of that shape allocates nothing (with the fused backward; `Kernel::reference` allocates).
+///
+/// Shapes: as sdpa_backward; `grads` holds dq (B, H, Lq, D), dk (B, Hkv, Lk, D), dv (B, Hkv, Lk, Dv) and dbias
+/// (the shape of opts.bias, or empty without one), dk, dv and dbias contiguous. Writes bitwise what sdpa_backward
+/// returns. Throws like sdpa_backward, ShapeError naming `grads.dq` (etc.) for a wrong shape, and
+/// std::invalid_argument naming the gradient when it overlaps an input (q, k, v, out, lse, dout, the options'
+/// tensors), another gradient or itself, is not contiguous where required, or is a dbias without opts.bias;
+/// nothing is written on error.
+/// \code
+/// AttentionWorkspace<float> ws;
+/// Tensor<float, 4> dq(q.shape()), dk(k.shape()), dv(v.shape());
+/// sdpa_backward_into(q, k, v, fwd.out, fwd.lse, dout, {dq, dk, dv}, opts, ws);
+/// \endcode
+template <typename Q, typename K, typename V, typename O, typename L, typename DO>
+void sdpa_backward_into(const Q& q, const K& k, const V& v, const O& out, const L& lse, const DO& dout,
+                        const AttentionGradientViews<detail::float_scalar_of<Q>>& grads,
+                        const AttentionOptions<detail::float_scalar_of<Q>>& opts,
+                        AttentionWorkspace<detail::float_scalar_of<Q>>& workspace) {
+  if constexpr (detail::check_attention_arguments<Q, K, V, O, DO>() &&
+                detail::check_lse_argument<detail::scalar_of<Q>, L>())
+    detail::sdpa_backward_into_views("sdpa_backward_into", detail::const_view(q), detail::const_view(k),
+                                     detail::const_view(v), detail::const_view(out), detail::const_view(lse),
+                                     detail::const_view(dout), grads, opts, workspace);
+}
+
+/// \brief sdpa_backward_into with a workspace of its own, allocated for the call (the same results).
+template <typename Q, typename K, typename V, typename O, typename L, typename DO>
+void sdpa_backward_into(const Q& q, const K& k, const V& v, const O& out, const L& lse, const DO& dout,
+                        const AttentionGradientViews<detail::float_scalar_of<Q>>& grads,
+                        const AttentionOptions<detail::float_scalar_of<Q>>& opts = {}) {
+  AttentionWorkspace<detail::float_scalar_of<Q>> workspace;
+  sdpa_backward_into(q, k, v, out, lse, dout, grads, opts, workspace);
 }
 
 /// \brief The attention output only: (B, H, Lq, Dv). No weights are returned; `opts.need_weights` only keeps

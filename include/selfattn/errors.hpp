@@ -14,6 +14,7 @@
 #include <array>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace selfattn {
 
@@ -40,24 +41,25 @@ std::string expected_shape_string(const std::array<Index, Rank>& shape) {
   throw std::invalid_argument(std::string("[") + function + "] " + argument + ": " + message);
 }
 
-/// Throws ShapeError unless `actual` matches `expected` (entries equal to any_extent match anything).
+/// Throws ShapeError unless `actual` matches `expected` (entries equal to any_extent match anything). The name is
+/// a string_view so that a passing check allocates nothing (a loop of _into calls runs it every time).
 template <std::size_t Rank>
-void check_shape(const char* function, const std::string& argument, const std::array<Index, Rank>& actual,
+void check_shape(const char* function, std::string_view argument, const std::array<Index, Rank>& actual,
                  const std::array<Index, Rank>& expected) {
   for (std::size_t d = 0; d < Rank; ++d)
     if (expected[d] != any_extent && actual[d] != expected[d])
-      throw_shape_error(function, argument,
+      throw_shape_error(function, std::string(argument),
                         "expected shape " + expected_shape_string(expected) + ", got " + expected_shape_string(actual));
 }
 
 /// Throws ShapeError unless every dimension of `actual` is 1 or equal to `target` (NumPy-style broadcast
 /// of a tensor of the same rank).
 template <std::size_t Rank>
-void check_broadcastable(const char* function, const std::string& argument, const std::array<Index, Rank>& actual,
+void check_broadcastable(const char* function, std::string_view argument, const std::array<Index, Rank>& actual,
                          const std::array<Index, Rank>& target) {
   for (std::size_t d = 0; d < Rank; ++d)
     if (actual[d] != 1 && actual[d] != target[d])
-      throw_shape_error(function, argument,
+      throw_shape_error(function, std::string(argument),
                         "expected a shape broadcastable to " + expected_shape_string(target) +
                             " (each extent 1 or equal), got " + expected_shape_string(actual));
 }

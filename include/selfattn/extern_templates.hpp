@@ -41,6 +41,14 @@
                                                   const TensorView<const T, 4>&, const TensorView<const T, 4>&,    \
                                                   const TensorView<T, 4>&, const TensorView<T, 3>&,                \
                                                   const AttentionOptions<T>&);                                      \
+  KEYWORD void detail::sdpa_forward_into_views<T>(const char*, const TensorView<const T, 4>&,                      \
+                                                  const TensorView<const T, 4>&, const TensorView<const T, 4>&,    \
+                                                  const TensorView<T, 4>&, const TensorView<T, 3>&,                \
+                                                  const AttentionOptions<T>&, AttentionWorkspace<T>&);             \
+  KEYWORD void detail::sdpa_backward_into_views<T>(                                                                \
+      const char*, const TensorView<const T, 4>&, const TensorView<const T, 4>&, const TensorView<const T, 4>&,   \
+      const TensorView<const T, 4>&, const TensorView<const T, 3>&, const TensorView<const T, 4>&,                 \
+      const AttentionGradientViews<T>&, const AttentionOptions<T>&, AttentionWorkspace<T>&);                      \
   KEYWORD AttentionGradients<T> detail::sdpa_backward_views<T>(                                                    \
       const char*, const TensorView<const T, 4>&, const TensorView<const T, 4>&, const TensorView<const T, 4>&,   \
       const TensorView<const T, 4>&, const TensorView<const T, 3>&, const TensorView<const T, 4>&,                 \

@@ -78,12 +78,22 @@ TensorView<const U, 4> mask_for_sequence(const TensorView<const U, 4>& mask, Ind
 
 /// The options of sequence b of a batched call, for its query rows [row, row + rows) over its first `keys` keys:
 /// its key length (at most `keys`) and its slices of the masks. Everything else is shared.
+/// This form assigns into `sequence` (not `opts`), whose vectors keep their capacity: nothing is allocated once
+/// it has held options of the same sizes.
 template <typename T>
-AttentionOptions<T> options_for_sequence(const AttentionOptions<T>& opts, Index b, Index row, Index rows, Index keys) {
-  AttentionOptions<T> sequence = opts;
-  if (!opts.key_lengths.empty()) sequence.key_lengths = {std::min(opts.key_lengths[static_cast<std::size_t>(b)], keys)};
+void options_for_sequence(const AttentionOptions<T>& opts, Index b, Index row, Index rows, Index keys,
+                          AttentionOptions<T>& sequence) {
+  sequence = opts;
+  if (!opts.key_lengths.empty())
+    sequence.key_lengths.assign(1, std::min(opts.key_lengths[static_cast<std::size_t>(b)], keys));
   sequence.allowed = mask_for_sequence(opts.allowed, b, row, rows, keys);
   sequence.bias = mask_for_sequence(opts.bias, b, row, rows, keys);
+}
+
+template <typename T>
+AttentionOptions<T> options_for_sequence(const AttentionOptions<T>& opts, Index b, Index row, Index rows, Index keys) {
+  AttentionOptions<T> sequence;
+  options_for_sequence(opts, b, row, rows, keys, sequence);
   return sequence;
 }
 

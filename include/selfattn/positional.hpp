@@ -13,6 +13,7 @@
 #include <selfattn/errors.hpp>
 #include <selfattn/tensor.hpp>
 
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <string>
@@ -221,8 +222,17 @@ class RotaryEmbedding {
     // Pair i is (row[i * step], row[i * step + partner]); only this index map differs between the styles.
     const Index step = style_ == RopeStyle::half ? 1 : 2;
     const Index partner = style_ == RopeStyle::half ? half : 1;
-    // cos / sin of one position, shared by all H heads of that row.
-    std::vector<T> cos_table(static_cast<std::size_t>(half)), sin_table(static_cast<std::size_t>(half));
+    // cos / sin of one position, shared by all H heads of that row: on the stack up to 256 pairs (a head dim of
+    // 512), so that a decoding step's rotation allocates nothing; on the heap beyond.
+    constexpr Index stack_pairs = 256;
+    std::array<T, stack_pairs> cos_stack, sin_stack;
+    std::vector<T> cos_heap, sin_heap;
+    if (half > stack_pairs) {
+      cos_heap.resize(static_cast<std::size_t>(half));
+      sin_heap.resize(static_cast<std::size_t>(half));
+    }
+    T* const cos_table = half > stack_pairs ? cos_heap.data() : cos_stack.data();
+    T* const sin_table = half > stack_pairs ? sin_heap.data() : sin_stack.data();
     for (Index b = 0; b < x.dim(0); ++b) {
       const Index offset = offset_of(b);
       for (Index l = 0; l < x.dim(2); ++l) {
@@ -230,8 +240,8 @@ class RotaryEmbedding {
         const double position = static_cast<double>(offset) + static_cast<double>(l);
         for (Index i = 0; i < half; ++i) {
           const double angle = position * inv_freq_[static_cast<std::size_t>(i)];
-          cos_table[static_cast<std::size_t>(i)] = static_cast<T>(std::cos(angle));
-          sin_table[static_cast<std::size_t>(i)] = static_cast<T>(sign * std::sin(angle));
+          cos_table[i] = static_cast<T>(std::cos(angle));
+          sin_table[i] = static_cast<T>(sign * std::sin(angle));
         }
         for (Index h = 0; h < x.dim(1); ++h) {
           // Rows are contiguous (stride 1 in the last dimension); b, h, l strides are arbitrary.
@@ -240,7 +250,7 @@ class RotaryEmbedding {
             T& first = row[i * step];
             T& second = row[i * step + partner];
             const T u = first, v = second;
-            const T c = cos_table[static_cast<std::size_t>(i)], s = sin_table[static_cast<std::size_t>(i)];
+            const T c = cos_table[i], s = sin_table[i];
             // (u, v) -> (u cos - v sin, u sin + v cos)
             first = u * c - v * s;
             second = u * s + v * c;

@@ -116,33 +116,52 @@ namespace detail {
 /// copy would cost more than the product, so there each projection writes its column block directly.
 constexpr Index fused_projection_min_rows = 16;
 
+/// The stacked weight and bias of fused_qkv_projection_into, kept by a caller that projects in a loop: the same
+/// sizes from call to call reallocate nothing.
 template <typename T>
-Tensor<T, 3> fused_qkv_projection(const TensorView<const T, 3>& x, const std::array<TensorView<const T, 2>, 3>& weights,
-                                  const std::array<TensorView<const T, 1>, 3>& biases) {
+struct StackedProjection {
+  RowMajorMatrix<T> weight;
+  Eigen::Matrix<T, Eigen::Dynamic, 1> bias;
+};
+
+/// fused_qkv_projection into y (B, L, Out_q + Out_k + Out_v), contiguous in its last two dimensions as the
+/// allocating form's result is; the stacked weights live in `stacked`.
+template <typename T>
+void fused_qkv_projection_into(const TensorView<const T, 3>& x, const std::array<TensorView<const T, 2>, 3>& weights,
+                               const std::array<TensorView<const T, 1>, 3>& biases, const TensorView<T, 3>& y,
+                               StackedProjection<T>& stacked) {
   const Index outputs = weights[0].dim(0) + weights[1].dim(0) + weights[2].dim(0);
   if (x.dim(0) * x.dim(1) < fused_projection_min_rows) {
-    Tensor<T, 3> y({x.dim(0), x.dim(1), outputs});
     Index column = 0;
     for (std::size_t m = 0; m < 3; ++m) {
       const TensorView<T, 3> block(y.data() + column, {x.dim(0), x.dim(1), weights[m].dim(0)}, y.strides());
       linear_into(x, weights[m], biases[m], block);
       column += weights[m].dim(0);
     }
-    return y;
+    return;
   }
-  RowMajorMatrix<T> stacked_weight(outputs, x.dim(2));
+  stacked.weight.resize(outputs, x.dim(2));
   // An empty bias is absent (a module without biases holds empty ones).
   const bool has_bias = !biases[0].empty() || !biases[1].empty() || !biases[2].empty();
-  Tensor<T, 1> stacked_bias(std::array<Index, 1>{has_bias ? outputs : 0});
+  stacked.bias.setZero(has_bias ? outputs : 0);
   Index row = 0;
   for (std::size_t m = 0; m < 3; ++m) {
-    stacked_weight.middleRows(row, weights[m].dim(0)) = as_matrix(weights[m]);
-    if (!biases[m].empty()) as_vector(stacked_bias.view()).segment(row, weights[m].dim(0)) = as_vector(biases[m]);
+    stacked.weight.middleRows(row, weights[m].dim(0)) = as_matrix(weights[m]);
+    if (!biases[m].empty()) stacked.bias.segment(row, weights[m].dim(0)) = as_vector(biases[m]);
     row += weights[m].dim(0);
   }
+  const TensorView<const T, 2> w(stacked.weight.data(), {outputs, x.dim(2)});
+  const TensorView<const T, 1> b(stacked.bias.data(), std::array<Index, 1>{outputs});
+  linear_into(x, w, has_bias ? b : TensorView<const T, 1>(), y);
+}
+
+template <typename T>
+Tensor<T, 3> fused_qkv_projection(const TensorView<const T, 3>& x, const std::array<TensorView<const T, 2>, 3>& weights,
+                                  const std::array<TensorView<const T, 1>, 3>& biases) {
+  const Index outputs = weights[0].dim(0) + weights[1].dim(0) + weights[2].dim(0);
   Tensor<T, 3> y({x.dim(0), x.dim(1), outputs});
-  const TensorView<const T, 2> w(stacked_weight.data(), {outputs, x.dim(2)});
-  linear_into(x, w, has_bias ? TensorView<const T, 1>(stacked_bias) : TensorView<const T, 1>(), y.view());
+  StackedProjection<T> stacked;
+  fused_qkv_projection_into(x, weights, biases, y.view(), stacked);
   return y;
 }
 

@@ -33,3 +33,4 @@
 #include <selfattn/projection.hpp>
 #include <selfattn/tensor.hpp>
 #include <selfattn/version.hpp>
+#include <selfattn/workspace.hpp>

@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <tuple>
 #include <vector>
 
 namespace selfattn::detail {
@@ -96,28 +97,57 @@ void merge_partials(bool lane_major, const DecodePartial<T>& merged, const Decod
   }
 }
 
+/// The decode kernel's scratch, kept between calls (AttentionWorkspace): the rows of every (batch, key/value
+/// head), their queries as each path lays them out, the partials and each thread's scores. Containers only grow
+/// (a call uses their first entries and re-assigns its buffers within their capacity), so a call of the same
+/// shape as an earlier one, or with fewer keys, allocates nothing.
+template <typename T>
+struct DecodeScratch {
+  std::vector<DecodeRows<T>> row_sets;
+  std::tuple<std::vector<typename GeneralDecode<T>::Queries>, std::vector<typename GroupedDecode<T>::Queries>,
+             std::vector<typename StreamingDecode<T>::Queries>>
+      queries;
+  micro::Buffer<T> partials;
+  std::vector<micro::Buffer<T>> threads;
+
+  template <typename Path>
+  std::vector<typename Path::Queries>& queries_of() {
+    return std::get<std::vector<typename Path::Queries>>(queries);
+  }
+
+  /// Room for the partials of calls over up to `keys` keys with `heads` (batch, key/value head) pairs of `rows`
+  /// query rows each and values of `value_dim`: what a loop whose key count grows (a KV cache) reserves once.
+  void reserve(Index heads, Index rows, Index keys, Index value_dim) {
+    const Index lanes = ceil_div(rows, micro::packet_size<T>) * micro::packet_size<T>;
+    const Index chunks = std::max<Index>(1, ceil_div(keys, decode_chunk));
+    partials.reserve(static_cast<std::size_t>(heads * chunks * lanes * (value_dim + 2)));
+  }
+};
+
 /// The driver shared by the paths: tasks (batch, key/value head, chunk) write partials, merged afterwards in
 /// chunk order and finished into out and lse. `Path` is GeneralDecode, GroupedDecode or StreamingDecode.
 template <typename Path, typename T>
-void run_decode(const AttentionParams<T>& p, const ForwardOutputs<T>& result) {
+void run_decode(const AttentionParams<T>& p, const ForwardOutputs<T>& result, DecodeScratch<T>& scratch_space) {
   const Index kv_heads = p.kv_heads(), heads = p.batch() * kv_heads, rows = p.group() * p.q_len();
   const Index value_dim = p.value_dim(), lanes = Path::lanes(rows);
   const Index chunks = std::max<Index>(1, ceil_div(p.k_len(), decode_chunk)), tasks = heads * chunks;
   if (heads == 0 || rows == 0) return;
 
   // The rows of every (batch, key/value head) with their masks, and their queries as the path lays them out.
-  std::vector<DecodeRows<T>> row_sets;
-  std::vector<typename Path::Queries> queries;
-  row_sets.reserve(static_cast<std::size_t>(heads));
-  queries.reserve(static_cast<std::size_t>(heads));
+  std::vector<DecodeRows<T>>& row_sets = scratch_space.row_sets;
+  std::vector<typename Path::Queries>& queries = scratch_space.template queries_of<Path>();
+  grow_to(row_sets, heads);
+  grow_to(queries, heads);
   for (Index head = 0; head < heads; ++head) {
-    row_sets.push_back(decode_rows(p, head / kv_heads, head % kv_heads));
-    queries.push_back(Path::prepare(p, row_sets.back()));
+    const auto at = static_cast<std::size_t>(head);
+    decode_rows(p, head / kv_heads, head % kv_heads, row_sets[at]);
+    Path::prepare(p, row_sets[at], queries[at]);
   }
 
   // One partial per task: max (lanes), sum (lanes), acc (lanes x Dv, lane- or row-major as the path writes it).
   const Index partial_size = lanes * (value_dim + 2);
-  micro::Buffer<T> partials(static_cast<std::size_t>(tasks * partial_size));
+  micro::Buffer<T>& partials = scratch_space.partials;
+  partials.assign(static_cast<std::size_t>(tasks * partial_size), T(0));
   const auto partial = [&](Index task) {
     T* base = partials.data() + task * partial_size;
     return Path::lane_major ? DecodePartial<T>{base, base + lanes, base + 2 * lanes, 1, lanes}
@@ -126,8 +156,10 @@ void run_decode(const AttentionParams<T>& p, const ForwardOutputs<T>& result) {
   const double work = static_cast<double>(heads * rows) * static_cast<double>(p.k_len()) *
                       static_cast<double>(p.head_dim() + value_dim);
   const int threads = threads_for(work, tasks);
-  std::vector<micro::Buffer<T>> scratch(static_cast<std::size_t>(threads),  // before any thread starts
-                                        micro::Buffer<T>(static_cast<std::size_t>(Path::scratch_size(lanes))));
+  std::vector<micro::Buffer<T>>& scratch = scratch_space.threads;  // sized before any thread starts
+  grow_to(scratch, threads);
+  for (int t = 0; t < threads; ++t)
+    scratch[static_cast<std::size_t>(t)].assign(static_cast<std::size_t>(Path::scratch_size(lanes)), T(0));
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
 #endif
@@ -172,13 +204,26 @@ void run_decode(const AttentionParams<T>& p, const ForwardOutputs<T>& result) {
 /// choice; tests and benchmarks force each path. A fast path asked for where per-element masks or dropout rule
 /// it out runs the general path instead: forcing a path never changes what is computed.
 template <typename T>
-void decode_forward(const AttentionParams<T>& p, const ForwardOutputs<T>& result, DecodePath path) {
+void decode_forward(const AttentionParams<T>& p, const ForwardOutputs<T>& result, DecodePath path,
+                    DecodeScratch<T>& scratch) {
   if (decode_path(p) == DecodePath::general) path = DecodePath::general;
   switch (path) {
-    case DecodePath::general: run_decode<GeneralDecode<T>>(p, result); break;
-    case DecodePath::grouped: run_decode<GroupedDecode<T>>(p, result); break;
-    case DecodePath::streaming: run_decode<StreamingDecode<T>>(p, result); break;
+    case DecodePath::general: run_decode<GeneralDecode<T>>(p, result, scratch); break;
+    case DecodePath::grouped: run_decode<GroupedDecode<T>>(p, result, scratch); break;
+    case DecodePath::streaming: run_decode<StreamingDecode<T>>(p, result, scratch); break;
   }
+}
+
+/// decode_forward with scratch of its own, allocated for this call.
+template <typename T>
+void decode_forward(const AttentionParams<T>& p, const ForwardOutputs<T>& result, DecodePath path) {
+  DecodeScratch<T> scratch;
+  decode_forward(p, result, path, scratch);
+}
+
+template <typename T>
+void decode_forward(const AttentionParams<T>& p, const ForwardOutputs<T>& result, DecodeScratch<T>& scratch) {
+  decode_forward(p, result, decode_path(p), scratch);
 }
 
 template <typename T>

@@ -22,10 +22,10 @@ struct GeneralDecode {
   static constexpr bool lane_major = false;
   static Index scratch_size(Index rows) { return rows * decode_chunk; }
 
-  static Queries prepare(const AttentionParams<T>& p, const DecodeRows<T>& rows) {
-    Queries q(rows.rows(), p.head_dim());
+  /// Lays out the rows' queries in q; a q of the same size as the last call's is not reallocated.
+  static void prepare(const AttentionParams<T>& p, const DecodeRows<T>& rows, Queries& q) {
+    q.resize(rows.rows(), p.head_dim());
     for (Index r = 0; r < rows.rows(); ++r) q.row(r) = as_vector(p.q[rows.batch][rows.head(r)][rows.query_row(r)]);
-    return q;
   }
 
   /// One chunk, in the reference's passes:

@@ -169,8 +169,8 @@ struct GroupedDecode {
   static constexpr bool lane_major = true;
   static Index scratch_size(Index lane_count) { return decode_chunk * lane_count; }
 
-  static Queries prepare(const AttentionParams<T>& p, const DecodeRows<T>& rows) {
-    Queries q;
+  /// Lays out the rows' queries in q, within the capacity of its buffers.
+  static void prepare(const AttentionParams<T>& p, const DecodeRows<T>& rows, Queries& q) {
     q.lanes = lanes(rows.rows());
     q.depth = p.head_dim();
     q.alibi = p.mask.has_alibi();
@@ -191,7 +191,6 @@ struct GroupedDecode {
       q.slope[lane] = mask.slope;
       q.diagonal[lane] = mask.diagonal;
     }
-    return q;
   }
 
   /// One chunk: the lanes in groups of up to micro_packets packets.

@@ -45,14 +45,18 @@ struct DecodeRows {
   bool all_see(Index lo, Index hi) const { return common_begin <= lo && hi <= common_end; }
 };
 
+/// Fills `rows` with the rows of (batch b, key/value head kv_head); within the capacity of rows.masks nothing is
+/// allocated.
 template <typename T>
-DecodeRows<T> decode_rows(const AttentionParams<T>& p, Index b, Index kv_head) {
-  DecodeRows<T> rows;
+void decode_rows(const AttentionParams<T>& p, Index b, Index kv_head, DecodeRows<T>& rows) {
+  rows.masks.clear();
   rows.batch = b;
   rows.kv_head = kv_head;
   rows.group = p.group();
   rows.q_len = p.q_len();
   rows.first_key = p.k_len();
+  rows.last_key = 0;
+  rows.common_begin = 0;
   rows.common_end = p.k_len();
   for (Index r = 0; r < rows.group * rows.q_len; ++r) {
     const RowMask<T> mask = p.mask.row(b, rows.head(r), rows.query_row(r));
@@ -62,6 +66,12 @@ DecodeRows<T> decode_rows(const AttentionParams<T>& p, Index b, Index kv_head) {
     rows.common_begin = std::max(rows.common_begin, mask.keys.begin);
     rows.common_end = std::min(rows.common_end, mask.keys.end);
   }
+}
+
+template <typename T>
+DecodeRows<T> decode_rows(const AttentionParams<T>& p, Index b, Index kv_head) {
+  DecodeRows<T> rows;
+  decode_rows(p, b, kv_head, rows);
   return rows;
 }
 

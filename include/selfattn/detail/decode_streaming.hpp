@@ -165,8 +165,8 @@ struct StreamingDecode {
   static constexpr bool lane_major = false;
   static Index scratch_size(Index) { return micro::streaming_rows * decode_chunk; }
 
-  static Queries prepare(const AttentionParams<T>& p, const DecodeRows<T>& rows) {
-    Queries q;
+  /// Lays out the rows' queries in q, within the capacity of its buffer.
+  static void prepare(const AttentionParams<T>& p, const DecodeRows<T>& rows, Queries& q) {
     q.depth = p.head_dim();
     q.alibi = p.mask.has_alibi();
     q.q.assign(static_cast<std::size_t>(rows.rows() * q.depth), T(0));
@@ -174,7 +174,6 @@ struct StreamingDecode {
       const T* query = row_pointer(p.q, rows.batch, rows.head(r), rows.query_row(r));
       for (Index d = 0; d < q.depth; ++d) q.q[static_cast<std::size_t>(r * q.depth + d)] = p.scale * query[d];
     }
-    return q;
   }
 
   /// One chunk: the rows in blocks of streaming_rows over the same keys (then in L2); only the first block

@@ -30,14 +30,21 @@ struct BackwardWorkspace {
   micro::Buffer<T> dkt, dvt;    // dK^T (D, lanes), dV^T (Dv, lanes) accumulators of the tile
   micro::Buffer<T> s, ds;       // (rows, lanes): S -> P -> W (the dropped weights); dP -> dS
 
-  BackwardWorkspace(Index head_dim, Index value_dim, Index padded_head_dim)
-      : kt(static_cast<std::size_t>(head_dim * lanes)),
-        vt(static_cast<std::size_t>(value_dim * lanes)),
-        kn(static_cast<std::size_t>(lanes * padded_head_dim)),
-        dkt(static_cast<std::size_t>(head_dim * lanes)),
-        dvt(static_cast<std::size_t>(value_dim * lanes)),
-        s(static_cast<std::size_t>(rows * lanes)),
-        ds(static_cast<std::size_t>(rows * lanes)) {}
+  BackwardWorkspace() = default;
+  BackwardWorkspace(Index head_dim, Index value_dim, Index padded_head_dim) {
+    prepare(head_dim, value_dim, padded_head_dim);
+  }
+
+  /// Sizes (and zeroes) the buffers for one call; within their capacity nothing is allocated.
+  void prepare(Index head_dim, Index value_dim, Index padded_head_dim) {
+    kt.assign(static_cast<std::size_t>(head_dim * lanes), T(0));
+    vt.assign(static_cast<std::size_t>(value_dim * lanes), T(0));
+    kn.assign(static_cast<std::size_t>(lanes * padded_head_dim), T(0));
+    dkt.assign(static_cast<std::size_t>(head_dim * lanes), T(0));
+    dvt.assign(static_cast<std::size_t>(value_dim * lanes), T(0));
+    s.assign(static_cast<std::size_t>(rows * lanes), T(0));
+    ds.assign(static_cast<std::size_t>(rows * lanes), T(0));
+  }
 };
 
 /// Where a backward thread accumulates what several tasks share: dQ (B, H, Lq, Dp) unscaled, and dbias
@@ -46,6 +53,16 @@ template <typename T>
 struct BackwardAccumulators {
   micro::Buffer<T> dq;
   micro::Buffer<T> dbias;
+};
+
+/// The fused backward's scratch, kept between calls (AttentionWorkspace): the row sums D_i, and each thread's
+/// workspace and accumulators. The per-thread containers only grow (a call uses the first `threads` entries), and
+/// buffers are re-assigned within their capacity, so a call of the same shape as an earlier one allocates nothing.
+template <typename T>
+struct FusedBackwardScratch {
+  std::vector<T> row_sums;
+  std::vector<BackwardWorkspace<T>> workspaces;
+  std::vector<BackwardAccumulators<T>> accumulators;
 };
 
 /// The backward of one key tile [j0, j0 + lanes) of (batch b, kv head hk), over every head of the group and
@@ -206,7 +223,7 @@ void fused_backward_tile(const AttentionParams<T>& p, const BackwardTensors<T>& 
 /// Threads share the key tiles of every (batch, kv head), statically (round robin), so that each thread's dQ
 /// accumulator receives the same contributions in the same order on every call.
 template <typename T>
-void fused_backward(const AttentionParams<T>& p, const BackwardTensors<T>& g) {
+void fused_backward(const AttentionParams<T>& p, const BackwardTensors<T>& g, FusedBackwardScratch<T>& scratch) {
   constexpr Index lanes = FusedTiles<T>::lanes;
   constexpr Index ps = micro::packet_size<T>;
   const Index batch = p.batch(), heads = p.heads(), kv_heads = p.k.dim(1), q_len = p.q_len(), k_len = p.k_len();
@@ -218,7 +235,8 @@ void fused_backward(const AttentionParams<T>& p, const BackwardTensors<T>& g) {
   // micro-kernel sums dP_ij = dO_i . v_j (chunks of dot_chunk; pmadd, an FMA where the target has one). Where
   // dS_ij = P_ij (dP_ij - D_i) cancels (rows dominated by a few keys), the roundings of the two then cancel
   // too, as they do in the reference kernel, whose two dot products share Eigen's order.
-  std::vector<T> row_sums(static_cast<std::size_t>(batch * heads * q_len));
+  std::vector<T>& row_sums = scratch.row_sums;
+  row_sums.assign(static_cast<std::size_t>(batch * heads * q_len), T(0));
   for (Index b = 0; b < batch; ++b)
     for (Index h = 0; h < heads; ++h)
       for (Index i = 0; i < q_len; ++i)
@@ -235,11 +253,12 @@ void fused_backward(const AttentionParams<T>& p, const BackwardTensors<T>& g) {
   const bool dbias_shared = g.dbias.data() && threads > 1 &&
                             ((g.dbias.dim(0) == 1 && batch > 1) || (g.dbias.dim(1) == 1 && kv_heads > 1) ||
                              (g.dbias.dim(3) == 1 && tiles > 1));
-  std::vector<BackwardWorkspace<T>> workspaces;
-  std::vector<BackwardAccumulators<T>> accumulators(static_cast<std::size_t>(threads));
-  workspaces.reserve(static_cast<std::size_t>(threads));
+  std::vector<BackwardWorkspace<T>>& workspaces = scratch.workspaces;
+  std::vector<BackwardAccumulators<T>>& accumulators = scratch.accumulators;  // entries [0, threads) are this call's
+  grow_to(workspaces, threads);
+  grow_to(accumulators, threads);
   for (int t = 0; t < threads; ++t) {
-    workspaces.emplace_back(head_dim, value_dim, padded_dim);
+    workspaces[static_cast<std::size_t>(t)].prepare(head_dim, value_dim, padded_dim);
     accumulators[static_cast<std::size_t>(t)].dq.assign(static_cast<std::size_t>(batch * heads * q_len * padded_dim), T(0));
     if (dbias_shared) accumulators[static_cast<std::size_t>(t)].dbias.assign(static_cast<std::size_t>(g.dbias.size()), T(0));
   }
@@ -265,16 +284,24 @@ void fused_backward(const AttentionParams<T>& p, const BackwardTensors<T>& g) {
         const std::size_t at = static_cast<std::size_t>(((b * heads + h) * q_len + i) * padded_dim);
         for (Index d = 0; d < head_dim; ++d) {
           T sum = 0;
-          for (const BackwardAccumulators<T>& a : accumulators) sum += a.dq[at + static_cast<std::size_t>(d)];
+          for (int t = 0; t < threads; ++t)
+            sum += accumulators[static_cast<std::size_t>(t)].dq[at + static_cast<std::size_t>(d)];
           dq[d] = p.scale * sum;
         }
       }
   if (dbias_shared)
     for (Index n = 0; n < g.dbias.size(); ++n) {
       T sum = 0;
-      for (const BackwardAccumulators<T>& a : accumulators) sum += a.dbias[static_cast<std::size_t>(n)];
+      for (int t = 0; t < threads; ++t) sum += accumulators[static_cast<std::size_t>(t)].dbias[static_cast<std::size_t>(n)];
       g.dbias.data()[n] = sum;
     }
+}
+
+/// fused_backward with scratch of its own, allocated for this call.
+template <typename T>
+void fused_backward(const AttentionParams<T>& p, const BackwardTensors<T>& g) {
+  FusedBackwardScratch<T> scratch;
+  fused_backward(p, g, scratch);
 }
 
 }  // namespace selfattn::detail

@@ -29,11 +29,16 @@ struct ForwardWorkspace {
   micro::Buffer<T> ot;     // (Dv, lanes): unnormalised output, transposed
   micro::Buffer<T> state;  // 5 x lanes: running max m, running sum l, rescale alpha, key range lo, hi
 
-  ForwardWorkspace(Index head_dim, Index value_dim)
-      : qt(static_cast<std::size_t>(head_dim * lanes)),
-        s(static_cast<std::size_t>(FusedTiles<T>::forward_keys * lanes)),
-        ot(static_cast<std::size_t>(value_dim * lanes)),
-        state(static_cast<std::size_t>(5 * lanes)) {}
+  ForwardWorkspace() = default;
+  ForwardWorkspace(Index head_dim, Index value_dim) { prepare(head_dim, value_dim); }
+
+  /// Sizes (and zeroes) the buffers for one call; within their capacity nothing is allocated.
+  void prepare(Index head_dim, Index value_dim) {
+    qt.assign(static_cast<std::size_t>(head_dim * lanes), T(0));
+    s.assign(static_cast<std::size_t>(FusedTiles<T>::forward_keys * lanes), T(0));
+    ot.assign(static_cast<std::size_t>(value_dim * lanes), T(0));
+    state.assign(static_cast<std::size_t>(5 * lanes), T(0));
+  }
 
   static std::size_t bytes(Index head_dim, Index value_dim) {
     return sizeof(T) * static_cast<std::size_t>((head_dim + FusedTiles<T>::forward_keys + value_dim + 5) * lanes);
@@ -45,6 +50,18 @@ template <typename T>
 std::size_t fused_forward_workspace_bytes(Index head_dim, Index value_dim) {
   return ForwardWorkspace<T>::bytes(head_dim, value_dim);
 }
+
+/// The scratch of every thread of fused_forward, kept between calls (AttentionWorkspace). It only grows: a call
+/// uses the first `threads` entries, so a call of the same shape as an earlier one allocates nothing.
+template <typename T>
+struct FusedForwardScratch {
+  std::vector<ForwardWorkspace<T>> threads;
+
+  void prepare(int count, Index head_dim, Index value_dim) {
+    if (threads.size() < static_cast<std::size_t>(count)) threads.resize(static_cast<std::size_t>(count));
+    for (int t = 0; t < count; ++t) threads[static_cast<std::size_t>(t)].prepare(head_dim, value_dim);
+  }
+};
 
 /// The forward of one block of `lanes` query rows [i0, i0 + lanes) of (batch b, head h), over every key tile.
 ///   1. Q^T of the block: S^T = K Q^T then holds q_i . k_j in column i.
@@ -188,7 +205,7 @@ void fused_forward_block(const AttentionParams<T>& p, const ForwardOutputs<T>& r
 /// The fused forward: out and lse of every (batch, head, query row), never the weights. Threads share the
 /// blocks of `lanes` query rows of every (batch, head); the most expensive (last, under a causal mask) first.
 template <typename T>
-void fused_forward(const AttentionParams<T>& p, const ForwardOutputs<T>& result) {
+void fused_forward(const AttentionParams<T>& p, const ForwardOutputs<T>& result, FusedForwardScratch<T>& scratch) {
   constexpr Index lanes = FusedTiles<T>::lanes;
   const Index blocks = ceil_div(p.q_len(), lanes);
   const Index tasks = p.batch() * p.heads() * blocks;
@@ -196,17 +213,22 @@ void fused_forward(const AttentionParams<T>& p, const ForwardOutputs<T>& result)
   const double work = static_cast<double>(tasks * lanes) * static_cast<double>(p.k_len()) *
                       static_cast<double>(p.q.dim(3) + p.value_dim());
   const int threads = threads_for(work, tasks);
-  std::vector<ForwardWorkspace<T>> workspaces;  // allocated before any thread starts: a bad_alloc throws here
-  workspaces.reserve(static_cast<std::size_t>(threads));
-  for (int t = 0; t < threads; ++t) workspaces.emplace_back(p.q.dim(3), p.value_dim());
+  scratch.prepare(threads, p.q.dim(3), p.value_dim());  // before any thread starts: a bad_alloc throws here
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
 #endif
   for (Index task = 0; task < tasks; ++task) {
     const Index block = blocks - 1 - task % blocks, bh = task / blocks;
     fused_forward_block(p, result, bh / p.heads(), bh % p.heads(), block * lanes,
-                        workspaces[static_cast<std::size_t>(thread_id())]);
+                        scratch.threads[static_cast<std::size_t>(thread_id())]);
   }
+}
+
+/// fused_forward with scratch of its own, allocated for this call.
+template <typename T>
+void fused_forward(const AttentionParams<T>& p, const ForwardOutputs<T>& result) {
+  FusedForwardScratch<T> scratch;
+  fused_forward(p, result, scratch);
 }
 
 }  // namespace selfattn::detail

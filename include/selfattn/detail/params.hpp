@@ -8,6 +8,7 @@
 #include <selfattn/tensor.hpp>
 
 #include <algorithm>
+#include <vector>
 
 namespace selfattn::detail {
 
@@ -69,6 +70,13 @@ T& element(const TensorView<T, 3>& x, Index b, Index h, Index i) {
 }
 
 inline Index ceil_div(Index a, Index b) { return (a + b - 1) / b; }
+
+/// Grows v to at least n entries, never shrinks it: kernel scratch kept between calls (AttentionWorkspace) uses
+/// its first n entries, so that a call needing fewer than an earlier one frees and allocates nothing.
+template <typename U>
+void grow_to(std::vector<U>& v, Index n) {
+  if (v.size() < static_cast<std::size_t>(n)) v.resize(static_cast<std::size_t>(n));
+}
 
 /// Zeroes a contiguous tensor owned by the caller (gradients before accumulation).
 template <typename T>

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <selfattn/errors.hpp>
+#include <selfattn/nn/module_workspace.hpp>
 #include <selfattn/positional.hpp>
 #include <selfattn/tensor.hpp>
 
@@ -179,6 +180,11 @@ class KVCache {
     current = length;
   }
 
+  /// The buffers MultiHeadAttention::step_into reuses from step to step for this cache's sequences (projections,
+  /// heads, lse, the kernels' scratch); like the cache, per-sequence state of one caller at a time. Copied with
+  /// the cache; clear() keeps it.
+  MhaWorkspace<T>& step_workspace() { return workspace_; }
+
   /// Sequence b's cached keys (after RoPE), (1, Hkv, lengths()[b], D): what attention reads.
   TensorView<const T, 4> sequence_keys(Index b) const { return sequence(keys_, b); }
   /// Sequence b's cached values, (1, Hkv, lengths()[b], D).
@@ -231,6 +237,7 @@ class KVCache {
   Tensor<T, 4> keys_, values_;
   Tensor<T, 4> sink_keys_;  // the sinks' keys as first rotated (at their own positions), see evict()
   std::vector<Index> lengths_, seen_;
+  MhaWorkspace<T> workspace_;  // step_into's buffers
 };
 
 }  // namespace selfattn

@@ -13,6 +13,7 @@
 #include <selfattn/errors.hpp>
 #include <selfattn/heads.hpp>
 #include <selfattn/nn/kv_cache.hpp>
+#include <selfattn/nn/module_workspace.hpp>
 #include <selfattn/options.hpp>
 #include <selfattn/positional.hpp>
 #include <selfattn/projection.hpp>
@@ -327,6 +328,54 @@ class MultiHeadAttention {
       return {};
   }
 
+  /// \brief step into a caller-owned output, with every buffer of the step in the cache's workspace
+  /// (`cache.step_workspace()`): after `cache.reserve(n)` (or a fixed capacity, or an evicting policy) and one
+  /// step, further steps of the same shape allocate nothing, however long the cache grows within its capacity.
+  ///
+  /// Shapes: x_new (B, Lnew, E), output (B, Lnew, E), writable, any strides with a contiguous last dimension.
+  /// Writes bitwise what step returns. Throws like step (naming MultiHeadAttention::step_into), ShapeError naming
+  /// `output` for a wrong shape and std::invalid_argument naming `output` when it overlaps x_new, the cache, a mask
+  /// of opts or itself; on error nothing is written and the cache is unchanged. A cache serves one step_into at a
+  /// time (it is per-sequence state already). new_tokens, when given, is read only (no copy is kept).
+  /// \code
+  /// auto cache = mha.make_cache(1);
+  /// cache.reserve(4096);
+  /// Tensor<float, 3> token({1, 1, 512}), y({1, 1, 512});
+  /// for (int t = 0; t < 4000; ++t) {
+  ///   mha.step_into(token, cache, y);   // 0 allocations per step after the first
+  ///   token = next_embedding(y);        // the caller's, e.g. into the same buffer
+  /// }
+  /// \endcode
+  template <typename X>
+  void step_into(const X& x_new, KVCache<T>& cache, const TensorView<T, 3>& output,
+                 const AttentionOptions<T>& opts = {}, const std::vector<Index>& new_tokens = {}) const {
+    if constexpr (detail::check_module_arguments<T, X>())
+      step_into_views(detail::const_view(x_new), cache, output, opts, new_tokens);
+  }
+
+  /// \brief Inference forward into a caller-owned output with every buffer in `workspace`: after a first call of a
+  /// shape, calls of that shape allocate nothing. Returns no weights and keeps nothing for backward (use forward to
+  /// train: its result must own what backward reads).
+  ///
+  /// Shapes: query (B, Lq, E), key (B, Lk, kdim), value (B, Lk, vdim) -> output (B, Lq, E), writable, any strides
+  /// with a contiguous last dimension. Writes bitwise what `forward(query, key, value, opts).output` holds (dropout
+  /// too, in training mode). Throws like forward (naming MultiHeadAttention::forward_into), std::invalid_argument
+  /// naming `opts.need_weights` when weights are asked for, ShapeError naming `output` for a wrong shape and
+  /// std::invalid_argument naming `output` when it overlaps an input, a mask of opts or itself; nothing is
+  /// written on error. Self-attention (query, key and value the same tensor) projects with one GEMM, as forward.
+  /// \code
+  /// MhaWorkspace<float> ws;
+  /// Tensor<float, 3> y({8, 128, 512});
+  /// for (const auto& x : batches) mha.forward_into(x, x, x, y, ws);
+  /// \endcode
+  template <typename Q, typename K, typename V>
+  void forward_into(const Q& query, const K& key, const V& value, const TensorView<T, 3>& output,
+                    MhaWorkspace<T>& workspace, const AttentionOptions<T>& opts = {}) const {
+    if constexpr (detail::check_module_arguments<T, Q, K, V>())
+      forward_into_views(detail::const_view(query), detail::const_view(key), detail::const_view(value), output,
+                         workspace, opts);
+  }
+
   /// Gradients of a scalar loss given dout = d loss / d fwd.output (B, Lq, E). The parameters must be
   /// unchanged since the forward, and the forward's inputs that the caller owns (named tensors, views, and the mask
   /// tensors of opts) still alive; temporaries passed to forward are kept by `f` itself.
@@ -449,14 +498,15 @@ class MultiHeadAttention {
 
   /// Checks every argument before any work, so a failing call has no effect.
   void validate(const TensorView<const T, 3>& query, const TensorView<const T, 3>& key,
-                const TensorView<const T, 3>& value, const AttentionOptions<T>& opts) const {
-    detail::check_shape<3>(forward_name, "query", query.shape(), {detail::any_extent, detail::any_extent, config_.embed_dim});
-    detail::check_shape<3>(forward_name, "key", key.shape(), {query.dim(0), detail::any_extent, config_.kdim});
-    detail::check_shape<3>(forward_name, "value", value.shape(), {query.dim(0), key.dim(1), config_.vdim});
-    check_params(forward_name);
+                const TensorView<const T, 3>& value, const AttentionOptions<T>& opts,
+                const char* function = forward_name) const {
+    detail::check_shape<3>(function, "query", query.shape(), {detail::any_extent, detail::any_extent, config_.embed_dim});
+    detail::check_shape<3>(function, "key", key.shape(), {query.dim(0), detail::any_extent, config_.kdim});
+    detail::check_shape<3>(function, "value", value.shape(), {query.dim(0), key.dim(1), config_.vdim});
+    check_params(function);
     if (config_.alibi && !opts.alibi_slopes.empty())
-      detail::throw_invalid(forward_name, "opts.alibi_slopes", "must be empty when cfg.alibi is set (ALiBi added twice)");
-    detail::validate_options(forward_name, opts, query.dim(0), config_.num_heads, query.dim(1), key.dim(1));
+      detail::throw_invalid(function, "opts.alibi_slopes", "must be empty when cfg.alibi is set (ALiBi added twice)");
+    detail::validate_options(function, opts, query.dim(0), config_.num_heads, query.dim(1), key.dim(1));
   }
 
   /// params() is writable: check its shapes are still the configured ones.
@@ -476,16 +526,39 @@ class MultiHeadAttention {
     check_bias("params().out_bias", params_.out_bias, e);
   }
 
+  static bool is_self_attention(const TensorView<const T, 3>& query, const TensorView<const T, 3>& key,
+                                const TensorView<const T, 3>& value) {
+    return query.data() == key.data() && key.data() == value.data() && query.shape() == key.shape() &&
+           key.shape() == value.shape() && query.strides() == key.strides() && key.strides() == value.strides();
+  }
+
+  /// Width of the Q|K|V projection of self-attention: E + 2 Hkv Dh.
+  Index projection_width() const { return config_.embed_dim + 2 * config_.num_kv_heads * head_dim_; }
+
+  /// The self-attention projection of x into qkv (B, L, E + 2 Hkv Dh): one GEMM, or three for a few rows.
+  void project_self_into(const TensorView<const T, 3>& x, const TensorView<T, 3>& qkv,
+                         detail::StackedProjection<T>& stacked) const {
+    detail::fused_qkv_projection_into<T>(x, {params_.q_weight.view(), params_.k_weight.view(), params_.v_weight.view()},
+                                         {params_.q_bias.view(), params_.k_bias.view(), params_.v_bias.view()}, qkv,
+                                         stacked);
+  }
+
+  /// Column blocks q, k, v of a (B, L, E + 2 Hkv Dh) projection.
+  std::array<TensorView<T, 3>, 3> projection_blocks(const TensorView<T, 3>& qkv) const {
+    const Index e = config_.embed_dim, kv = config_.num_kv_heads * head_dim_;
+    const auto block = [&](Index column, Index width) {
+      return TensorView<T, 3>(qkv.data() + column, {qkv.dim(0), qkv.dim(1), width}, qkv.strides());
+    };
+    return {block(0, e), block(e, kv), block(e + kv, kv)};
+  }
+
   /// Projects query, key and value: one GEMM when they are the same tensor, else three.
   void project(MhaForward<T>& f) const {
-    const bool self_attention = f.query.data() == f.key.data() && f.key.data() == f.value.data() &&
-                                f.query.shape() == f.key.shape() && f.key.shape() == f.value.shape() &&
-                                f.query.strides() == f.key.strides() && f.key.strides() == f.value.strides();
     const Index e = config_.embed_dim, kv = config_.num_kv_heads * head_dim_;
-    if (self_attention) {
-      auto qkv = std::make_shared<Tensor<T, 3>>(detail::fused_qkv_projection<T>(
-          f.query, {params_.q_weight.view(), params_.k_weight.view(), params_.v_weight.view()},
-          {params_.q_bias.view(), params_.k_bias.view(), params_.v_bias.view()}));
+    if (is_self_attention(f.query, f.key, f.value)) {
+      auto qkv = std::make_shared<Tensor<T, 3>>(std::array<Index, 3>{f.query.dim(0), f.query.dim(1), projection_width()});
+      detail::StackedProjection<T> stacked;
+      project_self_into(f.query, qkv->view(), stacked);
       f.q = {qkv, 0, e};
       f.k = {qkv, e, kv};
       f.v = {qkv, e + kv, kv};
@@ -501,6 +574,39 @@ class MultiHeadAttention {
     f.v = project_one(f.value, params_.v_weight, params_.v_bias);
   }
 
+  /// The options the module's forward attends with: opts, the module's dropout rate (training mode only) and its
+  /// ALiBi slopes, assigned into `into` (whose vectors keep their capacity).
+  void forward_options(const AttentionOptions<T>& opts, AttentionOptions<T>& into) const {
+    into = opts;
+    into.dropout_p = training_ ? static_cast<T>(config_.dropout) : T(0);
+    if (config_.alibi) into.alibi_slopes = alibi_;
+  }
+
+  /// The forward's walk after the projections, shared by forward and forward_into: split the projections into
+  /// heads, rotate (bottom-right positions, like the masks: key row j at j, query row l at l + Lk - Lq), attend into
+  /// `heads` (and `weights` when asked for), merge into `merged` (nothing to copy when heads is its split view), and
+  /// project the output.
+  void attend_and_project(const char* function, const std::array<TensorView<T, 3>, 3>& projections,
+                          const AttentionOptions<T>& attention_opts, const TensorView<T, 4>& heads,
+                          const TensorView<T, 3>& lse, const TensorView<T, 4>& weights, const TensorView<T, 3>& merged,
+                          const TensorView<T, 3>& output, AttentionWorkspace<T>& workspace) const {
+    const TensorView<T, 4> q = split_heads(projections[0], config_.num_heads);
+    const TensorView<T, 4> k = split_heads(projections[1], config_.num_kv_heads);
+    const TensorView<T, 4> v = split_heads(projections[2], config_.num_kv_heads);
+    if (rope_) {
+      rope_->apply(q, k.dim(2) - q.dim(2));
+      rope_->apply(k, 0);
+    }
+    detail::validate_forward<T>(function, q, k, v, attention_opts);
+    detail::run_forward(detail::make_params<T>(q, k, v, attention_opts), attention_opts,
+                        detail::ForwardOutputs<T>{heads, lse, weights}, workspace);
+    const TensorView<T, 4> target = split_heads(merged, config_.num_heads);
+    if (target.data() != heads.data() || target.strides() != heads.strides())
+      for (Index b = 0; b < heads.dim(0); ++b)
+        for (Index h = 0; h < heads.dim(1); ++h) as_matrix(target[b][h]) = as_matrix(heads[b][h]);
+    detail::linear_into<T>(merged, params_.out_weight.view(), params_.out_bias.view(), output);
+  }
+
   MhaForward<T> forward_views(const TensorView<const T, 3>& query, const TensorView<const T, 3>& key,
                               const TensorView<const T, 3>& value, const AttentionOptions<T>& opts) const {
     validate(query, key, value, opts);
@@ -509,23 +615,60 @@ class MultiHeadAttention {
     f.key = key;
     f.value = value;
     project(f);
-    const TensorView<T, 4> q = split_heads(f.q.view(), config_.num_heads);
-    const TensorView<T, 4> k = split_heads(f.k.view(), config_.num_kv_heads);
-    const TensorView<T, 4> v = split_heads(f.v.view(), config_.num_kv_heads);
-    if (rope_) {
-      // Bottom-right aligned positions, like the masks: key row j at j, query row l at l + Lk - Lq.
-      rope_->apply(q, key.dim(1) - query.dim(1));
-      rope_->apply(k, 0);
-    }
-    f.options = opts;
-    f.options.dropout_p = training_ ? static_cast<T>(config_.dropout) : T(0);
-    if (config_.alibi) f.options.alibi_slopes = alibi_;
-    f.attention = detail::sdpa_forward_views<T>(forward_name, q, k, v, f.options);
-    f.weights = std::move(f.attention.weights);
-    f.merged = merge_heads(f.attention.out);
-    f.output = Tensor<T, 3>({query.dim(0), query.dim(1), config_.embed_dim});
-    detail::linear_into<T>(f.merged.view(), params_.out_weight.view(), params_.out_bias.view(), f.output.view());
+    forward_options(opts, f.options);
+    const Index batch = query.dim(0), q_len = query.dim(1), heads = config_.num_heads;
+    f.attention.out = Tensor<T, 4>({batch, heads, q_len, head_dim_});
+    f.attention.lse = Tensor<T, 3>({batch, heads, q_len});
+    if (f.options.need_weights) f.weights = Tensor<T, 4>({batch, heads, q_len, key.dim(1)});
+    f.merged = Tensor<T, 3>({batch, q_len, config_.embed_dim});
+    f.output = Tensor<T, 3>({batch, q_len, config_.embed_dim});
+    AttentionWorkspace<T> workspace;
+    attend_and_project(forward_name, {f.q.view(), f.k.view(), f.v.view()}, f.options, f.attention.out.view(),
+                       f.attention.lse.view(), f.weights.data() ? f.weights.view() : TensorView<T, 4>(),
+                       f.merged.view(), f.output.view(), workspace);
     return f;
+  }
+
+  static constexpr const char* forward_into_name = "MultiHeadAttention::forward_into";
+
+  void forward_into_views(const TensorView<const T, 3>& query, const TensorView<const T, 3>& key,
+                          const TensorView<const T, 3>& value, const TensorView<T, 3>& output, MhaWorkspace<T>& ws,
+                          const AttentionOptions<T>& opts) const {
+    validate(query, key, value, opts, forward_into_name);
+    if (opts.need_weights)
+      detail::throw_invalid(forward_into_name, "opts.need_weights", "the _into form returns no weights; use forward");
+    const Index batch = query.dim(0), q_len = query.dim(1), k_len = key.dim(1), e = config_.embed_dim;
+    detail::check_shape<3>(forward_into_name, "output", output.shape(), {batch, q_len, e});
+    if (detail::overlaps_itself(output))
+      detail::throw_invalid(forward_into_name, "output", "overlaps itself (a stride 0 or overlapping rows)");
+    const std::array<std::pair<const char*, TensorView<const T, 3>>, 3> inputs{
+        {{"query", query}, {"key", key}, {"value", value}}};
+    for (const auto& [name, input] : inputs)
+      if (detail::overlaps(output, input))
+        detail::throw_invalid(forward_into_name, "output", std::string("overlaps ") + name + "; write into separate memory");
+    if (detail::overlaps(output, opts.bias) || detail::overlaps(output, opts.allowed))
+      detail::throw_invalid(forward_into_name, "output", "overlaps a mask of opts; write into separate memory");
+
+    forward_options(opts, ws.options);
+    std::array<TensorView<T, 3>, 3> projections;
+    if (is_self_attention(query, key, value)) {
+      const TensorView<T, 3> qkv = MhaWorkspace<T>::take(ws.projection, std::array<Index, 3>{batch, q_len, projection_width()});
+      project_self_into(query, qkv, ws.stacked);
+      projections = projection_blocks(qkv);
+    } else {  // three contiguous blocks of one buffer
+      const Index kv = config_.num_kv_heads * head_dim_;
+      T* base = MhaWorkspace<T>::take(ws.projection, std::array<Index, 1>{batch * (q_len * e + 2 * k_len * kv)}).data();
+      projections = {TensorView<T, 3>(base, {batch, q_len, e}),
+                     TensorView<T, 3>(base + batch * q_len * e, {batch, k_len, kv}),
+                     TensorView<T, 3>(base + batch * (q_len * e + k_len * kv), {batch, k_len, kv})};
+      detail::linear_into<T>(query, params_.q_weight.view(), params_.q_bias.view(), projections[0]);
+      detail::linear_into<T>(key, params_.k_weight.view(), params_.k_bias.view(), projections[1]);
+      detail::linear_into<T>(value, params_.v_weight.view(), params_.v_bias.view(), projections[2]);
+    }
+    const TensorView<T, 3> merged = MhaWorkspace<T>::take(ws.merged, std::array<Index, 3>{batch, q_len, e});
+    const TensorView<T, 3> lse = MhaWorkspace<T>::take(ws.lse, std::array<Index, 3>{batch, config_.num_heads, q_len});
+    attend_and_project(forward_into_name, projections, ws.options, split_heads(merged, config_.num_heads), lse,
+                       TensorView<T, 4>(), merged, output, ws.attention);
   }
 
   static constexpr const char* step_name = "MultiHeadAttention::step";
@@ -542,58 +685,65 @@ class MultiHeadAttention {
   }
 
   /// Checks every argument of step before any work; returns the real new rows of each sequence.
-  std::vector<Index> validate_step(const TensorView<const T, 3>& x, const KVCache<T>& cache,
-                                   const AttentionOptions<T>& opts, const std::vector<Index>& new_tokens) const {
+  /// Fills `counts` (within its capacity) with the real new rows of each sequence.
+  void validate_step(const char* function, const TensorView<const T, 3>& x, const KVCache<T>& cache,
+                     const AttentionOptions<T>& opts, const std::vector<Index>& new_tokens,
+                     std::vector<Index>& counts) const {
     if (config_.kdim != config_.embed_dim || config_.vdim != config_.embed_dim)
-      detail::throw_invalid(step_name, "cfg", "step is self-attention: kdim and vdim must equal embed_dim");
-    detail::check_shape<3>(step_name, "x_new", x.shape(), {cache.batch(), detail::any_extent, config_.embed_dim});
+      detail::throw_invalid(function, "cfg", "step is self-attention: kdim and vdim must equal embed_dim");
+    detail::check_shape<3>(function, "x_new", x.shape(), {cache.batch(), detail::any_extent, config_.embed_dim});
     if (cache.kv_heads() != config_.num_kv_heads || cache.head_dim() != head_dim_)
-      detail::throw_shape_error(step_name, "cache",
+      detail::throw_shape_error(function, "cache",
                                 "made for " + std::to_string(cache.kv_heads()) + " key/value heads of dim " +
                                     std::to_string(cache.head_dim()) + ", the module has " +
                                     std::to_string(config_.num_kv_heads) + " of dim " + std::to_string(head_dim_));
     const Index batch = x.dim(0), new_len = x.dim(1);
     if (!new_tokens.empty() && static_cast<Index>(new_tokens.size()) != batch)
-      detail::throw_shape_error(step_name, "new_tokens",
+      detail::throw_shape_error(function, "new_tokens",
                                 "expected " + std::to_string(batch) + " entries (one per sequence), got " +
                                     std::to_string(new_tokens.size()));
-    std::vector<Index> counts = new_tokens.empty() ? std::vector<Index>(static_cast<std::size_t>(batch), new_len) : new_tokens;
+    if (new_tokens.empty())
+      counts.assign(static_cast<std::size_t>(batch), new_len);
+    else
+      counts.assign(new_tokens.begin(), new_tokens.end());
     Index longest = 0;
     for (std::size_t b = 0; b < counts.size(); ++b) {
       if (counts[b] < 0 || counts[b] > new_len)
-        detail::throw_invalid(step_name, "new_tokens[" + std::to_string(b) + "]",
+        detail::throw_invalid(function, "new_tokens[" + std::to_string(b) + "]",
                               "expected a value in [0, " + std::to_string(new_len) + "], got " + std::to_string(counts[b]));
       longest = std::max(longest, cache.lengths()[b] + counts[b]);
     }
-    check_params(step_name);
+    check_params(function);
     if (config_.alibi && !opts.alibi_slopes.empty())
-      detail::throw_invalid(step_name, "opts.alibi_slopes", "must be empty when cfg.alibi is set (ALiBi added twice)");
+      detail::throw_invalid(function, "opts.alibi_slopes", "must be empty when cfg.alibi is set (ALiBi added twice)");
     const bool evicting = cache.policy().evicts();
     if (evicting && (opts.allowed.data() || opts.bias.data() || !opts.key_lengths.empty() || opts.window_left != -1 ||
                      opts.window_right != -1))
-      detail::throw_invalid(step_name, "opts",
+      detail::throw_invalid(function, "opts",
                             "masks (allowed, bias, key_lengths, windows) are not supported with an evicting cache policy");
-    detail::validate_options(step_name, opts, batch, config_.num_heads, new_len, evicting ? 1 : longest);
+    detail::validate_options(function, opts, batch, config_.num_heads, new_len, evicting ? 1 : longest);
     if (!evicting && !cache.fits(longest))
-      detail::throw_invalid(step_name, "cache", "a fixed capacity of " + std::to_string(cache.policy().capacity) +
+      detail::throw_invalid(function, "cache", "a fixed capacity of " + std::to_string(cache.policy().capacity) +
                                                     " tokens cannot hold " + std::to_string(longest));
-    return counts;
   }
 
-  /// The data walk of step: project -> rotate at each sequence's next positions -> append to the cache -> attend
-  /// over the cache's views (the public sdpa path) -> merge heads -> output projection.
-  Tensor<T, 3> step_views(const TensorView<const T, 3>& x, KVCache<T>& cache, const AttentionOptions<T>& opts,
-                          const std::vector<Index>& new_tokens) const {
-    const std::vector<Index> counts = validate_step(x, cache, opts, new_tokens);
-    const Index batch = x.dim(0), new_len = x.dim(1);
+  /// The data walk of step, into `output` with every buffer in `ws`: project -> rotate at each sequence's next
+  /// positions -> append to the cache -> attend over the cache's views (the public sdpa path) straight into the
+  /// merged heads -> output projection. step allocates ws and output for the call; step_into passes the cache's.
+  void step_core(const char* function, const TensorView<const T, 3>& x, KVCache<T>& cache,
+                 const AttentionOptions<T>& opts, const std::vector<Index>& new_tokens, const TensorView<T, 3>& output,
+                 MhaWorkspace<T>& ws) const {
+    validate_step(function, x, cache, opts, new_tokens, ws.counts);
+    const std::vector<Index>& counts = ws.counts;
+    const Index batch = x.dim(0), new_len = x.dim(1), e = config_.embed_dim;
 
     // Project the new tokens and rotate them: sequence b's row l at absolute position positions()[b] + l.
-    MhaForward<T> f;
-    f.query = f.key = f.value = x;
-    project(f);
-    const TensorView<T, 4> q = split_heads(f.q.view(), config_.num_heads);
-    const TensorView<T, 4> k = split_heads(f.k.view(), config_.num_kv_heads);
-    const TensorView<T, 4> v = split_heads(f.v.view(), config_.num_kv_heads);
+    const TensorView<T, 3> qkv = MhaWorkspace<T>::take(ws.projection, std::array<Index, 3>{batch, new_len, projection_width()});
+    project_self_into(x, qkv, ws.stacked);
+    const std::array<TensorView<T, 3>, 3> projections = projection_blocks(qkv);
+    const TensorView<T, 4> q = split_heads(projections[0], config_.num_heads);
+    const TensorView<T, 4> k = split_heads(projections[1], config_.num_kv_heads);
+    const TensorView<T, 4> v = split_heads(projections[2], config_.num_kv_heads);
     if (rope_) {
       rope_->apply(q, cache.positions());
       rope_->apply(k, cache.positions());
@@ -601,16 +751,23 @@ class MultiHeadAttention {
 
     // Append and attend, sequence by sequence, with Causal::bottom_right over everything cached. An evicting
     // cache takes one row at a time, so that every row sees exactly the sinks and the last `window` tokens.
-    AttentionOptions<T> attention_opts = opts;
+    AttentionOptions<T>& attention_opts = ws.options;
+    attention_opts = opts;
     attention_opts.causal = Causal::bottom_right;
     attention_opts.dropout_p = T(0);
     attention_opts.need_weights = false;
     if (config_.alibi) attention_opts.alibi_slopes = alibi_;
-    Tensor<T, 4> attention({batch, config_.num_heads, new_len, head_dim_});  // padding rows stay 0
-    Tensor<T, 3> lse({batch, config_.num_heads, new_len});
-    const std::vector<Index> lengths_before = cache.lengths();
+    // The heads are written into the merged (B, Lnew, E) layout directly; padding rows stay 0.
+    const TensorView<T, 3> merged = MhaWorkspace<T>::take(ws.merged, std::array<Index, 3>{batch, new_len, e});
+    std::fill(merged.data(), merged.data() + merged.size(), T(0));
+    const TensorView<T, 4> attention = split_heads(merged, config_.num_heads);
+    const TensorView<T, 3> lse = MhaWorkspace<T>::take(ws.lse, std::array<Index, 3>{batch, config_.num_heads, new_len});
+    ws.lengths_before.assign(cache.lengths().begin(), cache.lengths().end());
     const bool evicting = cache.policy().evicts();
     const Index rows_per_pass = evicting ? 1 : new_len;
+    // The decode kernel's partials grow with the keys: room for the cache's capacity at once.
+    ws.attention.reserve_decode(config_.num_kv_heads, (config_.num_heads / config_.num_kv_heads) * rows_per_pass,
+                                cache.capacity(), head_dim_);
     try {
       for (Index l0 = 0; l0 < new_len; l0 += rows_per_pass)
         for (Index b = 0; b < batch; ++b) {
@@ -618,21 +775,45 @@ class MultiHeadAttention {
           if (rows <= 0) continue;
           cache.append(b, rows_of(k, b, l0, rows)[0], rows_of(v, b, l0, rows)[0], rope_ ? &*rope_ : nullptr);
           const Index keys = cache.lengths()[static_cast<std::size_t>(b)];
-          detail::sdpa_forward_into_views<T>(step_name, rows_of(q, b, l0, rows), cache.sequence_keys(b),
-                                             cache.sequence_values(b), rows_of(attention.view(), b, l0, rows),
-                                             rows_of3(lse.view(), b, l0, rows),
-                                             detail::options_for_sequence(attention_opts, b, l0, rows, keys));
+          detail::options_for_sequence(attention_opts, b, l0, rows, keys, ws.sequence_options);
+          detail::sdpa_forward_into_views<T>(function, rows_of(q, b, l0, rows), cache.sequence_keys(b),
+                                             cache.sequence_values(b), rows_of(attention, b, l0, rows),
+                                             rows_of3(lse, b, l0, rows), ws.sequence_options, ws.attention);
         }
     } catch (...) {  // out of memory mid-step: a keep-all cache goes back to where it was
       if (!evicting)
-        for (Index b = 0; b < batch; ++b) cache.truncate(b, lengths_before[static_cast<std::size_t>(b)]);
+        for (Index b = 0; b < batch; ++b) cache.truncate(b, ws.lengths_before[static_cast<std::size_t>(b)]);
       throw;
     }
+    detail::linear_into<T>(merged, params_.out_weight.view(), params_.out_bias.view(), output);
+  }
 
-    const Tensor<T, 3> merged = merge_heads(attention);
-    Tensor<T, 3> output({batch, new_len, config_.embed_dim});
-    detail::linear_into<T>(merged.view(), params_.out_weight.view(), params_.out_bias.view(), output.view());
+  Tensor<T, 3> step_views(const TensorView<const T, 3>& x, KVCache<T>& cache, const AttentionOptions<T>& opts,
+                          const std::vector<Index>& new_tokens) const {
+    MhaWorkspace<T> ws;
+    Tensor<T, 3> output;
+    // The output's shape needs x checked first; step_core checks everything again (cheap) before any work.
+    detail::check_shape<3>(step_name, "x_new", x.shape(), {cache.batch(), detail::any_extent, config_.embed_dim});
+    output = Tensor<T, 3>({x.dim(0), x.dim(1), config_.embed_dim});
+    step_core(step_name, x, cache, opts, new_tokens, output.view(), ws);
     return output;
+  }
+
+  static constexpr const char* step_into_name = "MultiHeadAttention::step_into";
+
+  void step_into_views(const TensorView<const T, 3>& x, KVCache<T>& cache, const TensorView<T, 3>& output,
+                       const AttentionOptions<T>& opts, const std::vector<Index>& new_tokens) const {
+    detail::check_shape<3>(step_into_name, "x_new", x.shape(), {cache.batch(), detail::any_extent, config_.embed_dim});
+    detail::check_shape<3>(step_into_name, "output", output.shape(), {x.dim(0), x.dim(1), config_.embed_dim});
+    if (detail::overlaps_itself(output))
+      detail::throw_invalid(step_into_name, "output", "overlaps itself (a stride 0 or overlapping rows)");
+    if (detail::overlaps(output, x))
+      detail::throw_invalid(step_into_name, "output", "overlaps x_new; write into separate memory");
+    if (detail::overlaps(output, cache.keys()) || detail::overlaps(output, cache.values()))
+      detail::throw_invalid(step_into_name, "output", "overlaps the cache; write into separate memory");
+    if (detail::overlaps(output, opts.bias) || detail::overlaps(output, opts.allowed))
+      detail::throw_invalid(step_into_name, "output", "overlaps a mask of opts; write into separate memory");
+    step_core(step_into_name, x, cache, opts, new_tokens, output, cache.step_workspace());
   }
 
   MultiHeadAttentionConfig config_;

@@ -1,0 +1,58 @@
+/// \file
+/// `MhaWorkspace`: the buffers of one MultiHeadAttention inference call (projections, attention heads, lse, the
+/// options it runs with) and the kernels' AttentionWorkspace, kept between calls: `forward_into` takes one, and
+/// every KVCache holds one for `step_into`.
+#pragma once
+
+#include <selfattn/options.hpp>
+#include <selfattn/projection.hpp>
+#include <selfattn/tensor.hpp>
+#include <selfattn/workspace.hpp>
+
+#include <array>
+#include <cstddef>
+#include <type_traits>
+#include <vector>
+
+namespace selfattn {
+
+/// \brief The buffers of MultiHeadAttention::forward_into and step_into, reused from call to call: after a first
+/// call of a shape, calls of that shape allocate nothing.
+///
+/// Holds the Q|K|V projection (B, L, E + 2 Hkv Dh), the attention heads (written straight into the merged
+/// (B, L, E) layout), lse (B, H, L), the stacked projection weights of long inputs, copies of the options
+/// (assigned, so their vectors keep their capacity) and the kernels' AttentionWorkspace. Buffers only grow.
+/// One workspace serves one call at a time. A KVCache holds the one step_into uses (`cache.step_workspace()`).
+/// \code
+/// MhaWorkspace<float> ws;
+/// Tensor<float, 3> y({1, 128, 512});
+/// for (const auto& x : batches) mha.forward_into(x, x, x, y, ws);   // no allocation after the first
+/// \endcode
+template <typename T>
+struct MhaWorkspace {
+  static_assert(std::is_floating_point_v<T>, "MhaWorkspace<T>: T must be float or double");
+
+  /// \name Internal
+  ///@{
+  std::vector<T> projection;               ///< (B, L, Out_q + Out_k + Out_v), or three blocks for cross-attention
+  std::vector<T> merged;                   ///< (B, L, E): the attention heads, split_heads' layout
+  std::vector<T> lse;                      ///< (B, H, L)
+  detail::StackedProjection<T> stacked;    ///< the stacked Q|K|V weights of a long self-attention input
+  AttentionOptions<T> options;             ///< the options the attention runs with
+  AttentionOptions<T> sequence_options;    ///< step: one sequence's slice of them
+  std::vector<Index> counts;               ///< step: the real new rows of each sequence
+  std::vector<Index> lengths_before;       ///< step: the cache's lengths before the call
+  AttentionWorkspace<T> attention;         ///< the kernels' scratch
+  ///@}
+
+  /// A contiguous view of `shape` over `buffer`, grown (never shrunk) to hold it.
+  template <std::size_t N>
+  static TensorView<T, static_cast<int>(N)> take(std::vector<T>& buffer, const std::array<Index, N>& shape) {
+    Index size = 1;
+    for (Index extent : shape) size *= extent;
+    if (buffer.size() < static_cast<std::size_t>(size)) buffer.resize(static_cast<std::size_t>(size));
+    return TensorView<T, static_cast<int>(N)>(buffer.data(), shape);
+  }
+};
+
+}  // namespace selfattn

@@ -1,0 +1,477 @@
+// Tests of the calls that do not allocate (issue 15, item 3): sdpa_forward_into and sdpa_backward_into with an
+// AttentionWorkspace, MultiHeadAttention::step_into (buffers in the cache) and forward_into (an MhaWorkspace).
+// After a warm-up call, further calls of the same shape make exactly 0 calls of operator new and 0 heap
+// allocations by Eigen, and write bitwise what the allocating forms return; destinations that overlap an input or
+// have the wrong shape are refused naming the argument, before anything is written.
+//
+// Counting: a replaced global operator new counts its calls (every std::vector, std::string, shared_ptr... goes
+// through it). Eigen allocates with std::malloc, not operator new: EIGEN_RUNTIME_NO_MALLOC makes every Eigen heap
+// allocation call eigen_assert(is_malloc_allowed()), and eigen_assert is defined here to count failures (in every
+// build type; this test is the only translation unit of its binary, so the macros change no code elsewhere).
+// Under ThreadSanitizer, whose runtime defines operator new itself, nothing is counted: the tests skip.
+#include <atomic>
+
+namespace {
+std::atomic<long long> eigen_failures{0};  // failed eigen_asserts: heap allocations by Eigen while forbidden
+}
+#define EIGEN_RUNTIME_NO_MALLOC
+#define eigen_assert(condition)                         \
+  do {                                                  \
+    if (!static_cast<bool>(condition)) ++eigen_failures; \
+  } while (false)
+
+#include <selfattn/attention.hpp>
+#include <selfattn/nn/kv_cache.hpp>
+#include <selfattn/nn/module_workspace.hpp>
+#include <selfattn/nn/multihead.hpp>
+#include <selfattn/workspace.hpp>
+
+#include "support/expect_error.hpp"
+#include "support/random.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <new>
+#include <string>
+#include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#if defined(__SANITIZE_THREAD__)
+#define SELFATTN_TEST_UNDER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define SELFATTN_TEST_UNDER_TSAN 1
+#endif
+#endif
+
+namespace {
+std::atomic<bool> counting{false};
+std::atomic<long long> new_calls{0};
+}  // namespace
+
+#ifndef SELFATTN_TEST_UNDER_TSAN
+namespace {
+void* counted_new(std::size_t size, std::size_t alignment) {
+  if (counting.load(std::memory_order_relaxed)) ++new_calls;
+  if (size == 0) size = 1;
+  void* p = alignment > alignof(std::max_align_t)
+                ? std::aligned_alloc(alignment, (size + alignment - 1) / alignment * alignment)
+                : std::malloc(size);
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+}  // namespace
+
+void* operator new(std::size_t size) { return counted_new(size, alignof(std::max_align_t)); }
+void* operator new[](std::size_t size) { return counted_new(size, alignof(std::max_align_t)); }
+void* operator new(std::size_t size, std::align_val_t alignment) {
+  return counted_new(size, static_cast<std::size_t>(alignment));
+}
+void* operator new[](std::size_t size, std::align_val_t alignment) {
+  return counted_new(size, static_cast<std::size_t>(alignment));
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+#endif
+
+namespace {
+
+using namespace selfattn;
+using selfattn::test::Random;
+
+#ifdef SELFATTN_TEST_UNDER_TSAN
+#define SKIP_UNDER_TSAN() GTEST_SKIP() << "under ThreadSanitizer, which owns operator new: no allocation counting"
+#else
+#define SKIP_UNDER_TSAN() (void)0
+#endif
+
+/// What a measured stretch of calls allocated: operator new calls and Eigen heap allocations.
+struct Allocations {
+  long long news = 0;
+  long long eigen = 0;
+};
+
+/// Runs f() `times` times with operator new and Eigen's allocations counted.
+template <typename F>
+Allocations count_allocations(int times, F&& f) {
+  new_calls = 0;
+  eigen_failures = 0;
+  Eigen::internal::set_is_malloc_allowed(false);
+  counting = true;
+  for (int n = 0; n < times; ++n) f();
+  counting = false;
+  Eigen::internal::set_is_malloc_allowed(true);
+  return {new_calls.load(), eigen_failures.load()};
+}
+
+#define EXPECT_NO_ALLOCATION(a)                                           \
+  do {                                                                    \
+    EXPECT_EQ((a).news, 0) << "calls of operator new in the steady state"; \
+    EXPECT_EQ((a).eigen, 0) << "Eigen heap allocations in the steady state"; \
+  } while (false)
+
+template <typename A, typename B>
+bool bitwise_equal(const A& a, const B& b) {
+  const auto va = detail::const_view(a);
+  const auto vb = detail::const_view(b);
+  if (va.shape() != vb.shape()) return false;
+  // Compare element by element through the views (either may be strided).
+  bool same = true;
+  const Index n = va.size();
+  std::array<Index, std::tuple_size_v<std::decay_t<decltype(va.shape())>>> index{};
+  for (Index flat = 0; flat < n; ++flat) {
+    Index rest = flat;
+    for (int d = static_cast<int>(index.size()) - 1; d >= 0; --d) {
+      index[static_cast<std::size_t>(d)] = rest % va.dim(d);
+      rest /= va.dim(d);
+    }
+    Index oa = 0, ob = 0;
+    for (std::size_t d = 0; d < index.size(); ++d) {
+      oa += index[d] * va.stride(static_cast<int>(d));
+      ob += index[d] * vb.stride(static_cast<int>(d));
+    }
+    same = same && std::memcmp(va.data() + oa, vb.data() + ob, sizeof(*va.data())) == 0;
+  }
+  return same;
+}
+
+/// Run with one OpenMP thread (the claim holds there in every build); restores the count after.
+struct OneThread {
+#ifdef _OPENMP
+  int before = omp_get_max_threads();
+  OneThread() { omp_set_num_threads(1); }
+  ~OneThread() { omp_set_num_threads(before); }
+#else
+  ~OneThread() {}  // NOLINT: user-provided, so that an unused-variable warning does not fire without OpenMP
+#endif
+};
+
+// The instrument itself: it sees what the allocating forms allocate, and an Eigen heap matrix.
+TEST(Counter, SeesOperatorNewAndEigenAllocations) {
+  SKIP_UNDER_TSAN();
+  Random rng(1);
+  const auto q = rng.normal_tensor<float, 4>({1, 2, 1, 16});
+  const auto k = rng.normal_tensor<float, 4>({1, 2, 40, 16});
+  Tensor<float, 4> out({1, 2, 1, 16});
+  Tensor<float, 3> lse({1, 2, 1});
+  const Allocations without_workspace = count_allocations(1, [&] { sdpa_forward_into(q, k, k, out, lse); });
+  EXPECT_GT(without_workspace.news, 0) << "the form without a workspace allocates its scratch per call";
+  const Allocations eigen = count_allocations(1, [&] {
+    Eigen::MatrixXf m(64, 64);
+    m.setZero();
+    EXPECT_EQ(m.sum(), 0.0f);
+  });
+  EXPECT_GT(eigen.eigen, 0) << "an Eigen heap matrix is counted";
+}
+
+// ---- sdpa_forward_into ------------------------------------------------------------------------------------------
+
+struct ForwardCase {
+  const char* name;
+  Index batch, heads, kv_heads, q_len, k_len, dim;
+  bool mask;  // a per-element mask: the decode kernel's general path
+};
+
+class ForwardInto : public ::testing::TestWithParam<ForwardCase> {};
+
+TEST_P(ForwardInto, SteadyStateAllocatesNothingAndMatchesSdpaForward) {
+  SKIP_UNDER_TSAN();
+  const OneThread one_thread;
+  const ForwardCase c = GetParam();
+  Random rng(11);
+  const auto q = rng.normal_tensor<float, 4>({c.batch, c.heads, c.q_len, c.dim});
+  const auto k = rng.normal_tensor<float, 4>({c.batch, c.kv_heads, c.k_len, c.dim});
+  const auto v = rng.normal_tensor<float, 4>({c.batch, c.kv_heads, c.k_len, c.dim});
+  const auto allowed = rng.bool_tensor<4>({c.batch, 1, c.q_len, c.k_len}, 0.8);
+  AttentionOptions<float> opts;
+  opts.causal = Causal::bottom_right;
+  if (c.mask) opts.allowed = allowed;
+  opts.alibi_slopes = alibi_slopes<float>(c.heads);
+  opts.key_lengths = std::vector<Index>(static_cast<std::size_t>(c.batch), c.k_len - 3);
+
+  const AttentionForward<float> expected = sdpa_forward(q, k, v, opts);
+  Tensor<float, 4> out({c.batch, c.heads, c.q_len, c.dim});
+  Tensor<float, 3> lse({c.batch, c.heads, c.q_len});
+  AttentionWorkspace<float> ws;
+  sdpa_forward_into(q, k, v, out, lse, opts, ws);  // warm-up: the workspace grows here
+  const Allocations a = count_allocations(5, [&] { sdpa_forward_into(q, k, v, out, lse, opts, ws); });
+  EXPECT_NO_ALLOCATION(a);
+  EXPECT_TRUE(bitwise_equal(out, expected.out));
+  EXPECT_TRUE(bitwise_equal(lse, expected.lse));
+
+  // A smaller call after a larger one reuses the workspace too (containers only grow).
+  const TensorView<const float, 4> fewer_keys(k.data(), {c.batch, c.kv_heads, c.k_len / 2, c.dim}, k.strides());
+  const TensorView<const float, 4> fewer_values(v.data(), {c.batch, c.kv_heads, c.k_len / 2, c.dim}, v.strides());
+  AttentionOptions<float> half = opts;  // the same kernel path over half the keys
+  if (c.mask) half.allowed = TensorView<const bool, 4>(allowed.data(), {c.batch, 1, c.q_len, c.k_len / 2}, allowed.strides());
+  half.key_lengths = std::vector<Index>(static_cast<std::size_t>(c.batch), c.k_len / 2 - 3);
+  const Allocations smaller =
+      count_allocations(1, [&] { sdpa_forward_into(q, fewer_keys, fewer_values, out, lse, half, ws); });
+  EXPECT_NO_ALLOCATION(smaller);
+  const AttentionForward<float> expected_half = sdpa_forward(q, fewer_keys, fewer_values, half);
+  EXPECT_TRUE(bitwise_equal(out, expected_half.out));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Paths, ForwardInto,
+    ::testing::Values(ForwardCase{"fused", 2, 4, 2, 128, 200, 64, false},          // Lq = 128: the fused kernel
+                      ForwardCase{"fused_masked", 1, 4, 4, 128, 130, 32, true},     // fused with a mask
+                      ForwardCase{"decode_streaming", 2, 4, 4, 1, 1000, 64, false},  // Lq = 1, R = 1
+                      ForwardCase{"decode_grouped", 2, 8, 2, 1, 1000, 64, false},    // Lq = 1, R = G = 4
+                      ForwardCase{"decode_general", 1, 8, 2, 1, 700, 64, true}),     // Lq = 1 with a mask
+    [](const ::testing::TestParamInfo<ForwardCase>& info) { return std::string(info.param.name); });
+
+TEST(ForwardIntoErrors, OverlapAndShapeNameTheArgumentAndWriteNothing) {
+  Random rng(3);
+  auto q = rng.normal_tensor<float, 4>({1, 2, 4, 8});
+  const auto k = rng.normal_tensor<float, 4>({1, 2, 6, 8});
+  const auto v = rng.normal_tensor<float, 4>({1, 2, 6, 8});
+  Tensor<float, 3> lse({1, 2, 4});
+  AttentionWorkspace<float> ws;
+  test::expect_error<std::invalid_argument>([&] { sdpa_forward_into(q, k, v, q, lse, {}, ws); }, {"sdpa_forward_into", "out", "overlaps q"});
+  Tensor<float, 4> wrong({1, 2, 4, 7});
+  test::expect_error<ShapeError>([&] { sdpa_forward_into(q, k, v, wrong, lse, {}, ws); }, {"out", "(1, 2, 4, 8)"});
+  Tensor<float, 4> out({1, 2, 4, 8});
+  std::fill(out.data(), out.data() + out.size(), 7.0f);
+  const TensorView<float, 3> lse_in_out(out.data(), {1, 2, 4});
+  test::expect_error<std::invalid_argument>([&] { sdpa_forward_into(q, k, v, out, lse_in_out, {}, ws); }, {"lse", "overlaps out"});
+  for (Index n = 0; n < out.size(); ++n) ASSERT_EQ(out.data()[n], 7.0f) << "written on error";
+}
+
+// ---- sdpa_backward_into -----------------------------------------------------------------------------------------
+
+TEST(BackwardInto, SteadyStateAllocatesNothingAndMatchesSdpaBackward) {
+  SKIP_UNDER_TSAN();
+  const OneThread one_thread;
+  Random rng(5);
+  const Index b = 2, h = 4, hkv = 2, lq = 70, lk = 90, d = 32;
+  const auto q = rng.normal_tensor<float, 4>({b, h, lq, d});
+  const auto k = rng.normal_tensor<float, 4>({b, hkv, lk, d});
+  const auto v = rng.normal_tensor<float, 4>({b, hkv, lk, d});
+  const auto dout = rng.normal_tensor<float, 4>({b, h, lq, d});
+  const auto bias = rng.normal_tensor<float, 4>({1, h, lq, lk});
+  for (const bool with_bias : {false, true}) {
+    SCOPED_TRACE(with_bias ? "with a bias" : "without a bias");
+    AttentionOptions<float> opts;
+    opts.causal = Causal::top_left;
+    opts.dropout_p = 0.1f;
+    opts.seed = 9;
+    if (with_bias) opts.bias = bias;
+    const AttentionForward<float> fwd = sdpa_forward(q, k, v, opts);
+    const AttentionGradients<float> expected = sdpa_backward(q, k, v, fwd.out, fwd.lse, dout, opts);
+    Tensor<float, 4> dq(q.shape()), dk(k.shape()), dv(v.shape()), dbias;
+    if (with_bias) dbias = Tensor<float, 4>(bias.shape());
+    const AttentionGradientViews<float> grads{dq, dk, dv, with_bias ? dbias.view() : TensorView<float, 4>()};
+    AttentionWorkspace<float> ws;
+    sdpa_backward_into(q, k, v, fwd.out, fwd.lse, dout, grads, opts, ws);
+    const Allocations a =
+        count_allocations(5, [&] { sdpa_backward_into(q, k, v, fwd.out, fwd.lse, dout, grads, opts, ws); });
+    EXPECT_NO_ALLOCATION(a);
+    EXPECT_TRUE(bitwise_equal(dq, expected.dq));
+    EXPECT_TRUE(bitwise_equal(dk, expected.dk));
+    EXPECT_TRUE(bitwise_equal(dv, expected.dv));
+    if (with_bias) {
+      EXPECT_TRUE(bitwise_equal(dbias, expected.dbias));
+    }
+  }
+}
+
+TEST(BackwardIntoErrors, OverlapContiguityAndShapeNameTheGradient) {
+  Random rng(4);
+  const auto q = rng.normal_tensor<float, 4>({1, 2, 4, 8});
+  const auto k = rng.normal_tensor<float, 4>({1, 2, 6, 8});
+  const auto v = rng.normal_tensor<float, 4>({1, 2, 6, 8});
+  const auto dout = rng.normal_tensor<float, 4>({1, 2, 4, 8});
+  const AttentionForward<float> fwd = sdpa_forward(q, k, v);
+  Tensor<float, 4> dq(q.shape()), dk(k.shape()), dv(v.shape()), wrong({1, 2, 5, 8});
+  std::fill(dq.data(), dq.data() + dq.size(), 5.0f);
+  AttentionWorkspace<float> ws;
+  const AttentionOptions<float> none;
+  test::expect_error<ShapeError>([&] { sdpa_backward_into(q, k, v, fwd.out, fwd.lse, dout, {wrong, dk, dv}, none, ws); },
+                                 {"sdpa_backward_into", "grads.dq", "(1, 2, 4, 8)"});
+  test::expect_error<std::invalid_argument>([&] { sdpa_backward_into(q, k, v, fwd.out, fwd.lse, dout, {dq, dk, dk}, none, ws); },
+                                            {"grads.dv", "overlaps grads.dk"});
+  Tensor<float, 4> k_copy = k;
+  test::expect_error<std::invalid_argument>(
+      [&] { sdpa_backward_into(q, k_copy, v, fwd.out, fwd.lse, dout, {dq, k_copy, dv}, none, ws); }, {"grads.dk", "overlaps k"});
+  const TensorView<float, 4> out_as_dq(const_cast<float*>(fwd.out.data()), fwd.out.shape());
+  test::expect_error<std::invalid_argument>(
+      [&] { sdpa_backward_into(q, k, v, fwd.out, fwd.lse, dout, {out_as_dq, dk, dv}, none, ws); }, {"grads.dq", "overlaps out"});
+  Tensor<float, 4> wide({1, 2, 6, 16});
+  const TensorView<float, 4> strided_dk(wide.data(), {1, 2, 6, 8}, wide.strides());
+  test::expect_error<std::invalid_argument>(
+      [&] { sdpa_backward_into(q, k, v, fwd.out, fwd.lse, dout, {dq, strided_dk, dv}, none, ws); }, {"grads.dk", "contiguous"});
+  Tensor<float, 4> stray({1, 2, 4, 6});
+  test::expect_error<std::invalid_argument>(
+      [&] { sdpa_backward_into(q, k, v, fwd.out, fwd.lse, dout, {dq, dk, dv, stray}, none, ws); }, {"grads.dbias", "without opts.bias"});
+  for (Index n = 0; n < dq.size(); ++n) ASSERT_EQ(dq.data()[n], 5.0f) << "written on error";
+}
+
+// ---- MultiHeadAttention::step_into ------------------------------------------------------------------------------
+
+struct StepCase {
+  const char* name;
+  Index batch, heads, kv_heads, embed;
+  Index rope_dim;
+  bool alibi;
+  CachePolicy policy;
+  Index prompt;
+};
+
+class StepInto : public ::testing::TestWithParam<StepCase> {};
+
+TEST_P(StepInto, SteadyStateAllocatesNothingAndMatchesStep) {
+  SKIP_UNDER_TSAN();
+  const OneThread one_thread;
+  const StepCase c = GetParam();
+  MultiHeadAttentionConfig cfg;
+  cfg.embed_dim = c.embed;
+  cfg.num_heads = c.heads;
+  cfg.num_kv_heads = c.kv_heads;
+  cfg.rope_dim = c.rope_dim;
+  cfg.alibi = c.alibi;
+  const MultiHeadAttention<float> mha(cfg, 42);
+  Random rng(8);
+  const int steps = 40;
+  const auto prompt = rng.normal_tensor<float, 3>({c.batch, c.prompt, c.embed});
+  std::vector<Tensor<float, 3>> tokens;
+  for (int t = 0; t < steps + 1; ++t) tokens.push_back(rng.normal_tensor<float, 3>({c.batch, 1, c.embed}));
+
+  KVCache<float> by_step = mha.make_cache(c.batch, c.policy), by_step_into = mha.make_cache(c.batch, c.policy);
+  if (!c.policy.evicts()) by_step_into.reserve(c.prompt + steps + 1);
+  Tensor<float, 3> prefill({c.batch, c.prompt, c.embed});
+  mha.step_into(prompt, by_step_into, prefill);
+  EXPECT_TRUE(bitwise_equal(prefill, mha.step(prompt, by_step)));
+
+  Tensor<float, 3> y({c.batch, 1, c.embed});
+  mha.step_into(tokens[0], by_step_into, y);  // warm-up of the one-token shape
+  EXPECT_TRUE(bitwise_equal(y, mha.step(tokens[0], by_step)));
+  for (int t = 1; t <= steps; ++t) {
+    const Allocations a = count_allocations(1, [&] { mha.step_into(tokens[static_cast<std::size_t>(t)], by_step_into, y); });
+    EXPECT_NO_ALLOCATION(a);
+    const Tensor<float, 3> expected = mha.step(tokens[static_cast<std::size_t>(t)], by_step);
+    ASSERT_TRUE(bitwise_equal(y, expected)) << "step " << t;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Caches, StepInto,
+    ::testing::Values(StepCase{"rope_gqa_keep_all", 2, 8, 2, 128, 16, false, CachePolicy::keep_all(), 300},
+                      StepCase{"alibi_mha_keep_all", 1, 4, 4, 64, 0, true, CachePolicy::keep_all(), 20},
+                      StepCase{"rope_gqa_sliding_window", 2, 8, 2, 128, 16, false, CachePolicy::sliding_window(64), 100},
+                      StepCase{"rope_sinks", 1, 4, 1, 64, 16, false, CachePolicy::attention_sinks(4, 32), 50}),
+    [](const ::testing::TestParamInfo<StepCase>& info) { return std::string(info.param.name); });
+
+TEST(StepIntoErrors, OutputOverlapAndShapeNameTheArgumentAndLeaveTheCache) {
+  MultiHeadAttentionConfig cfg;
+  cfg.embed_dim = 16;
+  cfg.num_heads = 2;
+  const MultiHeadAttention<float> mha(cfg, 1);
+  Random rng(2);
+  auto x = rng.normal_tensor<float, 3>({1, 3, 16});
+  KVCache<float> cache = mha.make_cache(1);
+  Tensor<float, 3> wrong({1, 2, 16});
+  test::expect_error<ShapeError>([&] { mha.step_into(x, cache, wrong); }, {"MultiHeadAttention::step_into", "output", "(1, 3, 16)"});
+  test::expect_error<std::invalid_argument>([&] { mha.step_into(x, cache, x.view()); }, {"output", "overlaps x_new"});
+  EXPECT_EQ(cache.lengths()[0], 0) << "the cache is unchanged on error";
+}
+
+// ---- MultiHeadAttention::forward_into ---------------------------------------------------------------------------
+
+TEST(ForwardIntoModule, SteadyStateAllocatesNothingAndMatchesForward) {
+  SKIP_UNDER_TSAN();
+  const OneThread one_thread;
+  for (const bool self : {true, false})
+    for (const Index q_len : {Index(1), Index(40)}) {
+      SCOPED_TRACE(std::string(self ? "self" : "cross") + "-attention, Lq = " + std::to_string(q_len));
+      MultiHeadAttentionConfig cfg;
+      cfg.embed_dim = 64;
+      cfg.num_heads = 4;
+      cfg.num_kv_heads = 2;
+      cfg.rope_dim = 16;
+      cfg.alibi = true;
+      if (!self) cfg.kdim = cfg.vdim = 24;
+      const MultiHeadAttention<float> mha(cfg, 3);
+      Random rng(6);
+      const auto query = rng.normal_tensor<float, 3>({2, q_len, 64});
+      const auto memory = rng.normal_tensor<float, 3>({2, 50, 24});
+      AttentionOptions<float> opts;
+      opts.causal = self ? Causal::top_left : Causal::none;
+      Tensor<float, 3> y({2, q_len, 64});
+      MhaWorkspace<float> ws;
+      const auto call = [&] {
+        if (self)
+          mha.forward_into(query, query, query, y, ws, opts);
+        else
+          mha.forward_into(query, memory, memory, y, ws, opts);
+      };
+      call();
+      const Allocations a = count_allocations(5, call);
+      EXPECT_NO_ALLOCATION(a);
+      const MhaForward<float> expected = self ? mha.forward(query, opts) : mha.forward(query, memory, memory, opts);
+      EXPECT_TRUE(bitwise_equal(y, expected.output));
+    }
+}
+
+TEST(ForwardIntoModuleErrors, NameTheArgument) {
+  MultiHeadAttentionConfig cfg;
+  cfg.embed_dim = 16;
+  cfg.num_heads = 2;
+  const MultiHeadAttention<float> mha(cfg, 1);
+  Random rng(2);
+  auto x = rng.normal_tensor<float, 3>({1, 3, 16});
+  Tensor<float, 3> y({1, 3, 16});
+  MhaWorkspace<float> ws;
+  AttentionOptions<float> weights;
+  weights.need_weights = true;
+  test::expect_error<std::invalid_argument>([&] { mha.forward_into(x, x, x, y, ws, weights); },
+                                            {"MultiHeadAttention::forward_into", "opts.need_weights"});
+  test::expect_error<std::invalid_argument>([&] { mha.forward_into(x, x, x, x.view(), ws); }, {"output", "overlaps query"});
+  Tensor<float, 3> wrong({1, 4, 16});
+  test::expect_error<ShapeError>([&] { mha.forward_into(x, x, x, wrong, ws); }, {"output", "(1, 3, 16)"});
+}
+
+// ---- threads ----------------------------------------------------------------------------------------------------
+
+// With OpenMP and 2 threads the kernels grow their per-thread scratch on the first call with 2 threads; after
+// that the steady state allocates nothing in our code. What the OpenMP runtime itself allocates is counted too.
+TEST(Threads, TwoThreadSteadyStateOfTheKernels) {
+  SKIP_UNDER_TSAN();
+#ifndef _OPENMP
+  GTEST_SKIP() << "built without OpenMP: every call runs on one thread (see the other tests)";
+#else
+  const int before = omp_get_max_threads();
+  omp_set_num_threads(2);
+  Random rng(12);
+  const auto q = rng.normal_tensor<float, 4>({2, 8, 256, 64});
+  const auto k = rng.normal_tensor<float, 4>({2, 2, 1024, 64});
+  const auto v = rng.normal_tensor<float, 4>({2, 2, 1024, 64});
+  const TensorView<const float, 4> q1(q.data(), {2, 8, 1, 64}, q.strides());
+  Tensor<float, 4> out({2, 8, 256, 64}), out1({2, 8, 1, 64});
+  Tensor<float, 3> lse({2, 8, 256}), lse1({2, 8, 1});
+  AttentionWorkspace<float> ws;
+  sdpa_forward_into(q, k, v, out, lse, {}, ws);
+  sdpa_forward_into(q1, k, v, out1, lse1, {}, ws);
+  const Allocations fused = count_allocations(3, [&] { sdpa_forward_into(q, k, v, out, lse, {}, ws); });
+  const Allocations decode = count_allocations(3, [&] { sdpa_forward_into(q1, k, v, out1, lse1, {}, ws); });
+  omp_set_num_threads(before);
+  std::cout << "2 threads: fused " << fused.news << " operator new calls / 3 calls, decode " << decode.news << "\n";
+  EXPECT_NO_ALLOCATION(fused);
+  EXPECT_NO_ALLOCATION(decode);
+#endif
+}
+
+}  // namespace
