@@ -106,7 +106,8 @@ class TensorView {
 
   /// Wraps contiguous row-major memory. Throws std::invalid_argument for a negative extent.
   TensorView(T* data, const Shape& shape) : TensorView(data, shape, detail::row_major_strides<Rank>(shape)) {}
-  /// \overload `TensorView<float, 2>(p, {2, 3})`: a braced list of another length than Rank does not compile.
+  /// Wraps contiguous row-major memory of a braced shape, `TensorView<float, 2>(p, {2, 3})`; a list of another
+  /// length than Rank does not compile.
   template <std::size_t N>
   TensorView(T* data, const Index (&shape)[N]) : TensorView(data, detail::extent_list<Rank>(shape)) {}
 
@@ -123,7 +124,7 @@ class TensorView {
                                     detail::shape_string<Rank>(strides));
     strides_[Rank - 1] = 1;
   }
-  /// \overload Braced shape and strides; lists of another length than Rank do not compile.
+  /// Wraps strided memory of a braced shape and strides; lists of another length than Rank do not compile.
   template <std::size_t N, std::size_t M>
   TensorView(T* data, const Index (&shape)[N], const Index (&strides)[M])
       : TensorView(data, detail::extent_list<Rank>(shape), detail::extent_list<Rank>(strides)) {}
@@ -294,7 +295,8 @@ class Tensor {
     detail::check_shape_valid<Rank>(shape);
     data_.reset(new T[static_cast<std::size_t>(size())]());
   }
-  /// \overload `Tensor<float, 4>({2, 4, 5, 8})`: a braced list of another length than Rank does not compile.
+  /// A zero-initialised tensor of a braced shape, `Tensor<float, 4>({2, 4, 5, 8})`; a list of another length
+  /// than Rank does not compile.
   template <std::size_t N>
   explicit Tensor(const Index (&shape)[N]) : Tensor(detail::extent_list<Rank>(shape)) {}
   /// A contiguous copy of a view's elements.
