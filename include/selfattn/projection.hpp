@@ -130,6 +130,7 @@ template <typename T>
 void fused_qkv_projection_into(const TensorView<const T, 3>& x, const std::array<TensorView<const T, 2>, 3>& weights,
                                const std::array<TensorView<const T, 1>, 3>& biases, const TensorView<T, 3>& y,
                                StackedProjection<T>& stacked) {
+  if (y.empty()) return;  // no rows (B = 0 or L = 0): nothing to write, and y.data() may be null
   const Index outputs = weights[0].dim(0) + weights[1].dim(0) + weights[2].dim(0);
   if (x.dim(0) * x.dim(1) < fused_projection_min_rows) {
     Index column = 0;

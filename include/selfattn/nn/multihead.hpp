@@ -547,7 +547,9 @@ class MultiHeadAttention {
   std::array<TensorView<T, 3>, 3> projection_blocks(const TensorView<T, 3>& qkv) const {
     const Index e = config_.embed_dim, kv = config_.num_kv_heads * head_dim_;
     const auto block = [&](Index column, Index width) {
-      return TensorView<T, 3>(qkv.data() + column, {qkv.dim(0), qkv.dim(1), width}, qkv.strides());
+      // An empty projection (B = 0 or L = 0) has no data to offset.
+      return TensorView<T, 3>(qkv.empty() ? nullptr : qkv.data() + column, {qkv.dim(0), qkv.dim(1), width},
+                              qkv.strides());
     };
     return {block(0, e), block(e, kv), block(e + kv, kv)};
   }
