@@ -24,9 +24,15 @@
 #include <selfattn/heads.hpp>
 #include <selfattn/io/npy.hpp>
 #include <selfattn/io/state_dict.hpp>  // not io/safetensors.hpp: it needs nlohmann/json, include it yourself
+#include <selfattn/io/transformer_state_dict.hpp>
 #include <selfattn/merge.hpp>
+#include <selfattn/nn/activation.hpp>
+#include <selfattn/nn/feed_forward.hpp>
 #include <selfattn/nn/kv_cache.hpp>
 #include <selfattn/nn/multihead.hpp>
+#include <selfattn/nn/norm.hpp>
+#include <selfattn/nn/transformer_layer.hpp>
+#include <selfattn/nn/transformer_stack.hpp>
 #include <selfattn/options.hpp>
 #include <selfattn/plot/heatmap.hpp>
 #include <selfattn/positional.hpp>

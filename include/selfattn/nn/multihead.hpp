@@ -13,6 +13,7 @@
 #include <selfattn/errors.hpp>
 #include <selfattn/heads.hpp>
 #include <selfattn/nn/kv_cache.hpp>
+#include <selfattn/nn/module_input.hpp>
 #include <selfattn/nn/module_workspace.hpp>
 #include <selfattn/options.hpp>
 #include <selfattn/positional.hpp>
@@ -105,24 +106,6 @@ struct ProjectionBlock {
                             {buffer->dim(1) * buffer->dim(2), buffer->dim(2), 1});
   }
 };
-
-/// A module input as the forward saves it for backward: a view of the caller's tensor, or of the temporary
-/// tensor moved (or, if const, copied) into `owned`.
-template <typename T>
-struct SavedInput {
-  TensorView<const T, 3> view;
-  std::shared_ptr<const Tensor<T, 3>> owned;
-};
-
-template <typename T, typename X>
-SavedInput<T> save_input(X&& x) {
-  if constexpr (std::is_rvalue_reference_v<X&&> && std::is_same_v<std::decay_t<X>, Tensor<T, 3>>) {
-    auto owned = std::make_shared<const Tensor<T, 3>>(std::forward<X>(x));
-    return {owned->view(), std::move(owned)};
-  } else {
-    return {const_view(x), nullptr};
-  }
-}
 
 /// The compile-time rule of the module's entries: (batch, length, features) Tensors or TensorViews holding the
 /// module's element type T.
@@ -263,7 +246,7 @@ class MultiHeadAttention {
       detail::SavedInput<T> q = detail::save_input<T>(std::forward<Q>(query));
       detail::SavedInput<T> k = detail::save_input<T>(std::forward<K>(key));
       detail::SavedInput<T> v = detail::save_input<T>(std::forward<V>(value));
-      MhaForward<T> f = forward_views(q.view, k.view, v.view, opts);
+      MhaForward<T> f = forward_views(params_, q.view, k.view, v.view, opts);
       f.kept = {std::move(q.owned), std::move(k.owned), std::move(v.owned)};
       return f;
     } else {
@@ -283,7 +266,7 @@ class MultiHeadAttention {
   MhaForward<T> forward(X&& x, const AttentionOptions<T>& opts = {}) const {
     if constexpr (detail::check_module_arguments<T, X>()) {
       detail::SavedInput<T> saved = detail::save_input<T>(std::forward<X>(x));
-      MhaForward<T> f = forward_views(saved.view, saved.view, saved.view, opts);
+      MhaForward<T> f = forward_views(params_, saved.view, saved.view, saved.view, opts);
       f.kept[0] = std::move(saved.owned);
       return f;
     } else {
@@ -323,7 +306,7 @@ class MultiHeadAttention {
   Tensor<T, 3> step(const X& x_new, KVCache<T>& cache, const AttentionOptions<T>& opts = {},
                     const std::vector<Index>& new_tokens = {}) const {
     if constexpr (detail::check_module_arguments<T, X>())
-      return step_views(detail::const_view(x_new), cache, opts, new_tokens);
+      return step_views(params_, detail::const_view(x_new), cache, opts, new_tokens);
     else
       return {};
   }
@@ -350,7 +333,7 @@ class MultiHeadAttention {
   void step_into(const X& x_new, KVCache<T>& cache, const TensorView<T, 3>& output,
                  const AttentionOptions<T>& opts = {}, const std::vector<Index>& new_tokens = {}) const {
     if constexpr (detail::check_module_arguments<T, X>())
-      step_into_views(detail::const_view(x_new), cache, output, opts, new_tokens);
+      step_into_views(params_, detail::const_view(x_new), cache, output, opts, new_tokens);
   }
 
   /// \brief Inference forward into a caller-owned output with every buffer in `workspace`: after a first call of a
@@ -372,7 +355,7 @@ class MultiHeadAttention {
   void forward_into(const Q& query, const K& key, const V& value, const TensorView<T, 3>& output,
                     MhaWorkspace<T>& workspace, const AttentionOptions<T>& opts = {}) const {
     if constexpr (detail::check_module_arguments<T, Q, K, V>())
-      forward_into_views(detail::const_view(query), detail::const_view(key), detail::const_view(value), output,
+      forward_into_views(params_, detail::const_view(query), detail::const_view(key), detail::const_view(value), output,
                          workspace, opts);
   }
 
@@ -392,20 +375,62 @@ class MultiHeadAttention {
   template <typename DO>
   MhaGradients<T> backward(const DO& dout, const MhaForward<T>& f) const {
     if constexpr (detail::check_module_arguments<T, DO>())
-      return backward_views(detail::const_view(dout), f);
+      return backward_views(params_, detail::const_view(dout), f);
     else
       return {};
   }
 
+  /// \name Running with parameters held elsewhere
+  /// The module's configuration (heads, RoPE, ALiBi, dropout in training mode) run with `parameters` in place of
+  /// params(). A TransformerLayer keeps its attention's parameters in its own TransformerLayerParams and runs them
+  /// through these; anyone who keeps several parameter sets for one configuration can do the same. `parameters` must
+  /// have the shapes of params() (checked, ShapeError naming `params().<name>`); backward_with must get the
+  /// parameters its forward_with ran with. Otherwise each behaves exactly as forward(x), backward and step.
+  /// \code
+  /// MhaParams<float> other = mha.params();            // a second parameter set, e.g. an average of checkpoints
+  /// MhaForward<float> fwd = mha.forward_with(other, x);
+  /// MhaGradients<float> g = mha.backward_with(other, dout, fwd);
+  /// \endcode
+  ///@{
+  template <typename X>
+  MhaForward<T> forward_with(const MhaParams<T>& parameters, X&& x, const AttentionOptions<T>& opts = {}) const {
+    if constexpr (detail::check_module_arguments<T, X>()) {
+      detail::SavedInput<T> saved = detail::save_input<T>(std::forward<X>(x));
+      MhaForward<T> f = forward_views(parameters, saved.view, saved.view, saved.view, opts);
+      f.kept[0] = std::move(saved.owned);
+      return f;
+    } else {
+      return {};
+    }
+  }
+
+  template <typename DO>
+  MhaGradients<T> backward_with(const MhaParams<T>& parameters, const DO& dout, const MhaForward<T>& f) const {
+    if constexpr (detail::check_module_arguments<T, DO>())
+      return backward_views(parameters, detail::const_view(dout), f);
+    else
+      return {};
+  }
+
+  template <typename X>
+  Tensor<T, 3> step_with(const MhaParams<T>& parameters, const X& x_new, KVCache<T>& cache,
+                         const AttentionOptions<T>& opts = {}, const std::vector<Index>& new_tokens = {}) const {
+    if constexpr (detail::check_module_arguments<T, X>())
+      return step_views(parameters, detail::const_view(x_new), cache, opts, new_tokens);
+    else
+      return {};
+  }
+  ///@}
+
  private:
-  MhaGradients<T> backward_views(const TensorView<const T, 3>& dy, const MhaForward<T>& f) const {
+  MhaGradients<T> backward_views(const MhaParams<T>& parameters, const TensorView<const T, 3>& dy, const MhaForward<T>& f) const {
     if (!f.q.buffer) detail::throw_invalid(backward_name, "fwd", "is not the result of a forward call");
     detail::check_shape<3>(backward_name, "dout", dy.shape(), f.output.shape());
-    check_params(backward_name);
+    check_params(parameters, backward_name);
     MhaGradients<T> g;
 
     // output = merged W_out^T + b_out
-    LinearGradients<T> out = linear_backward<T>(f.merged.view(), params_.out_weight.view(), dy, config_.bias);
+    LinearGradients<T> out = linear_backward<T>(f.merged.view(), parameters.out_weight.view(), dy, config_.bias);
     g.params.out_weight = std::move(out.dweight);
     g.params.out_bias = std::move(out.dbias);
 
@@ -430,9 +455,9 @@ class MultiHeadAttention {
       dw = std::move(lg.dweight);
       db = std::move(lg.dbias);
     };
-    project_back(f.query, params_.q_weight, heads.dq, g.d_query, g.params.q_weight, g.params.q_bias);
-    project_back(f.key, params_.k_weight, heads.dk, g.d_key, g.params.k_weight, g.params.k_bias);
-    project_back(f.value, params_.v_weight, heads.dv, g.d_value, g.params.v_weight, g.params.v_bias);
+    project_back(f.query, parameters.q_weight, heads.dq, g.d_query, g.params.q_weight, g.params.q_bias);
+    project_back(f.key, parameters.k_weight, heads.dk, g.d_key, g.params.k_weight, g.params.k_bias);
+    project_back(f.value, parameters.v_weight, heads.dv, g.d_value, g.params.v_weight, g.params.v_bias);
     return g;
   }
 
@@ -497,33 +522,33 @@ class MultiHeadAttention {
   }
 
   /// Checks every argument before any work, so a failing call has no effect.
-  void validate(const TensorView<const T, 3>& query, const TensorView<const T, 3>& key,
+  void validate(const MhaParams<T>& parameters, const TensorView<const T, 3>& query, const TensorView<const T, 3>& key,
                 const TensorView<const T, 3>& value, const AttentionOptions<T>& opts,
                 const char* function = forward_name) const {
     detail::check_shape<3>(function, "query", query.shape(), {detail::any_extent, detail::any_extent, config_.embed_dim});
     detail::check_shape<3>(function, "key", key.shape(), {query.dim(0), detail::any_extent, config_.kdim});
     detail::check_shape<3>(function, "value", value.shape(), {query.dim(0), key.dim(1), config_.vdim});
-    check_params(function);
+    check_params(parameters, function);
     if (config_.alibi && !opts.alibi_slopes.empty())
       detail::throw_invalid(function, "opts.alibi_slopes", "must be empty when cfg.alibi is set (ALiBi added twice)");
     detail::validate_options(function, opts, query.dim(0), config_.num_heads, query.dim(1), key.dim(1));
   }
 
   /// params() is writable: check its shapes are still the configured ones.
-  void check_params(const char* function) const {
+  void check_params(const MhaParams<T>& parameters, const char* function) const {
     const Index e = config_.embed_dim, kv = config_.num_kv_heads * head_dim_;
-    detail::check_shape<2>(function, "params().q_weight", params_.q_weight.shape(), {e, e});
-    detail::check_shape<2>(function, "params().k_weight", params_.k_weight.shape(), {kv, config_.kdim});
-    detail::check_shape<2>(function, "params().v_weight", params_.v_weight.shape(), {kv, config_.vdim});
-    detail::check_shape<2>(function, "params().out_weight", params_.out_weight.shape(), {e, e});
+    detail::check_shape<2>(function, "params().q_weight", parameters.q_weight.shape(), {e, e});
+    detail::check_shape<2>(function, "params().k_weight", parameters.k_weight.shape(), {kv, config_.kdim});
+    detail::check_shape<2>(function, "params().v_weight", parameters.v_weight.shape(), {kv, config_.vdim});
+    detail::check_shape<2>(function, "params().out_weight", parameters.out_weight.shape(), {e, e});
     const std::array<Index, 1> no_bias{0};
     const auto check_bias = [&](const char* name, const Tensor<T, 1>& b, Index n) {
       detail::check_shape<1>(function, name, b.shape(), config_.bias ? std::array<Index, 1>{n} : no_bias);
     };
-    check_bias("params().q_bias", params_.q_bias, e);
-    check_bias("params().k_bias", params_.k_bias, kv);
-    check_bias("params().v_bias", params_.v_bias, kv);
-    check_bias("params().out_bias", params_.out_bias, e);
+    check_bias("params().q_bias", parameters.q_bias, e);
+    check_bias("params().k_bias", parameters.k_bias, kv);
+    check_bias("params().v_bias", parameters.v_bias, kv);
+    check_bias("params().out_bias", parameters.out_bias, e);
   }
 
   static bool is_self_attention(const TensorView<const T, 3>& query, const TensorView<const T, 3>& key,
@@ -536,10 +561,10 @@ class MultiHeadAttention {
   Index projection_width() const { return config_.embed_dim + 2 * config_.num_kv_heads * head_dim_; }
 
   /// The self-attention projection of x into qkv (B, L, E + 2 Hkv Dh): one GEMM, or three for a few rows.
-  void project_self_into(const TensorView<const T, 3>& x, const TensorView<T, 3>& qkv,
+  void project_self_into(const MhaParams<T>& parameters, const TensorView<const T, 3>& x, const TensorView<T, 3>& qkv,
                          detail::StackedProjection<T>& stacked) const {
-    detail::fused_qkv_projection_into<T>(x, {params_.q_weight.view(), params_.k_weight.view(), params_.v_weight.view()},
-                                         {params_.q_bias.view(), params_.k_bias.view(), params_.v_bias.view()}, qkv,
+    detail::fused_qkv_projection_into<T>(x, {parameters.q_weight.view(), parameters.k_weight.view(), parameters.v_weight.view()},
+                                         {parameters.q_bias.view(), parameters.k_bias.view(), parameters.v_bias.view()}, qkv,
                                          stacked);
   }
 
@@ -555,12 +580,12 @@ class MultiHeadAttention {
   }
 
   /// Projects query, key and value: one GEMM when they are the same tensor, else three.
-  void project(MhaForward<T>& f) const {
+  void project(const MhaParams<T>& parameters, MhaForward<T>& f) const {
     const Index e = config_.embed_dim, kv = config_.num_kv_heads * head_dim_;
     if (is_self_attention(f.query, f.key, f.value)) {
       auto qkv = std::make_shared<Tensor<T, 3>>(std::array<Index, 3>{f.query.dim(0), f.query.dim(1), projection_width()});
       detail::StackedProjection<T> stacked;
-      project_self_into(f.query, qkv->view(), stacked);
+      project_self_into(parameters, f.query, qkv->view(), stacked);
       f.q = {qkv, 0, e};
       f.k = {qkv, e, kv};
       f.v = {qkv, e + kv, kv};
@@ -571,9 +596,9 @@ class MultiHeadAttention {
       detail::linear_into<T>(x, w.view(), b.view(), y->view());
       return detail::ProjectionBlock<T>{y, 0, w.dim(0)};
     };
-    f.q = project_one(f.query, params_.q_weight, params_.q_bias);
-    f.k = project_one(f.key, params_.k_weight, params_.k_bias);
-    f.v = project_one(f.value, params_.v_weight, params_.v_bias);
+    f.q = project_one(f.query, parameters.q_weight, parameters.q_bias);
+    f.k = project_one(f.key, parameters.k_weight, parameters.k_bias);
+    f.v = project_one(f.value, parameters.v_weight, parameters.v_bias);
   }
 
   /// The options the module's forward attends with: opts, the module's dropout rate (training mode only) and its
@@ -588,7 +613,7 @@ class MultiHeadAttention {
   /// heads, rotate (bottom-right positions, like the masks: key row j at j, query row l at l + Lk - Lq), attend into
   /// `heads` (and `weights` when asked for), merge into `merged` (nothing to copy when heads is its split view), and
   /// project the output.
-  void attend_and_project(const char* function, const std::array<TensorView<T, 3>, 3>& projections,
+  void attend_and_project(const MhaParams<T>& parameters, const char* function, const std::array<TensorView<T, 3>, 3>& projections,
                           const AttentionOptions<T>& attention_opts, const TensorView<T, 4>& heads,
                           const TensorView<T, 3>& lse, const TensorView<T, 4>& weights, const TensorView<T, 3>& merged,
                           const TensorView<T, 3>& output, AttentionWorkspace<T>& workspace) const {
@@ -606,17 +631,17 @@ class MultiHeadAttention {
     if (target.data() != heads.data() || target.strides() != heads.strides())
       for (Index b = 0; b < heads.dim(0); ++b)
         for (Index h = 0; h < heads.dim(1); ++h) as_matrix(target[b][h]) = as_matrix(heads[b][h]);
-    detail::linear_into<T>(merged, params_.out_weight.view(), params_.out_bias.view(), output);
+    detail::linear_into<T>(merged, parameters.out_weight.view(), parameters.out_bias.view(), output);
   }
 
-  MhaForward<T> forward_views(const TensorView<const T, 3>& query, const TensorView<const T, 3>& key,
+  MhaForward<T> forward_views(const MhaParams<T>& parameters, const TensorView<const T, 3>& query, const TensorView<const T, 3>& key,
                               const TensorView<const T, 3>& value, const AttentionOptions<T>& opts) const {
-    validate(query, key, value, opts);
+    validate(parameters, query, key, value, opts);
     MhaForward<T> f;
     f.query = query;
     f.key = key;
     f.value = value;
-    project(f);
+    project(parameters, f);
     forward_options(opts, f.options);
     const Index batch = query.dim(0), q_len = query.dim(1), heads = config_.num_heads;
     f.attention.out = Tensor<T, 4>({batch, heads, q_len, head_dim_});
@@ -625,7 +650,7 @@ class MultiHeadAttention {
     f.merged = Tensor<T, 3>({batch, q_len, config_.embed_dim});
     f.output = Tensor<T, 3>({batch, q_len, config_.embed_dim});
     AttentionWorkspace<T> workspace;
-    attend_and_project(forward_name, {f.q.view(), f.k.view(), f.v.view()}, f.options, f.attention.out.view(),
+    attend_and_project(parameters, forward_name, {f.q.view(), f.k.view(), f.v.view()}, f.options, f.attention.out.view(),
                        f.attention.lse.view(), f.weights.data() ? f.weights.view() : TensorView<T, 4>(),
                        f.merged.view(), f.output.view(), workspace);
     return f;
@@ -633,10 +658,10 @@ class MultiHeadAttention {
 
   static constexpr const char* forward_into_name = "MultiHeadAttention::forward_into";
 
-  void forward_into_views(const TensorView<const T, 3>& query, const TensorView<const T, 3>& key,
+  void forward_into_views(const MhaParams<T>& parameters, const TensorView<const T, 3>& query, const TensorView<const T, 3>& key,
                           const TensorView<const T, 3>& value, const TensorView<T, 3>& output, MhaWorkspace<T>& ws,
                           const AttentionOptions<T>& opts) const {
-    validate(query, key, value, opts, forward_into_name);
+    validate(parameters, query, key, value, opts, forward_into_name);
     if (opts.need_weights)
       detail::throw_invalid(forward_into_name, "opts.need_weights", "the _into form returns no weights; use forward");
     const Index batch = query.dim(0), q_len = query.dim(1), k_len = key.dim(1), e = config_.embed_dim;
@@ -655,7 +680,7 @@ class MultiHeadAttention {
     std::array<TensorView<T, 3>, 3> projections;
     if (is_self_attention(query, key, value)) {
       const TensorView<T, 3> qkv = MhaWorkspace<T>::take(ws.projection, std::array<Index, 3>{batch, q_len, projection_width()});
-      project_self_into(query, qkv, ws.stacked);
+      project_self_into(parameters, query, qkv, ws.stacked);
       projections = projection_blocks(qkv);
     } else {  // three contiguous blocks of one buffer
       const Index kv = config_.num_kv_heads * head_dim_;
@@ -663,13 +688,13 @@ class MultiHeadAttention {
       projections = {TensorView<T, 3>(base, {batch, q_len, e}),
                      TensorView<T, 3>(base + batch * q_len * e, {batch, k_len, kv}),
                      TensorView<T, 3>(base + batch * (q_len * e + k_len * kv), {batch, k_len, kv})};
-      detail::linear_into<T>(query, params_.q_weight.view(), params_.q_bias.view(), projections[0]);
-      detail::linear_into<T>(key, params_.k_weight.view(), params_.k_bias.view(), projections[1]);
-      detail::linear_into<T>(value, params_.v_weight.view(), params_.v_bias.view(), projections[2]);
+      detail::linear_into<T>(query, parameters.q_weight.view(), parameters.q_bias.view(), projections[0]);
+      detail::linear_into<T>(key, parameters.k_weight.view(), parameters.k_bias.view(), projections[1]);
+      detail::linear_into<T>(value, parameters.v_weight.view(), parameters.v_bias.view(), projections[2]);
     }
     const TensorView<T, 3> merged = MhaWorkspace<T>::take(ws.merged, std::array<Index, 3>{batch, q_len, e});
     const TensorView<T, 3> lse = MhaWorkspace<T>::take(ws.lse, std::array<Index, 3>{batch, config_.num_heads, q_len});
-    attend_and_project(forward_into_name, projections, ws.options, split_heads(merged, config_.num_heads), lse,
+    attend_and_project(parameters, forward_into_name, projections, ws.options, split_heads(merged, config_.num_heads), lse,
                        TensorView<T, 4>(), merged, output, ws.attention);
   }
 
@@ -688,7 +713,7 @@ class MultiHeadAttention {
 
   /// Checks every argument of step before any work; returns the real new rows of each sequence.
   /// Fills `counts` (within its capacity) with the real new rows of each sequence.
-  void validate_step(const char* function, const TensorView<const T, 3>& x, const KVCache<T>& cache,
+  void validate_step(const MhaParams<T>& parameters, const char* function, const TensorView<const T, 3>& x, const KVCache<T>& cache,
                      const AttentionOptions<T>& opts, const std::vector<Index>& new_tokens,
                      std::vector<Index>& counts) const {
     if (config_.kdim != config_.embed_dim || config_.vdim != config_.embed_dim)
@@ -715,7 +740,7 @@ class MultiHeadAttention {
                               "expected a value in [0, " + std::to_string(new_len) + "], got " + std::to_string(counts[b]));
       longest = std::max(longest, cache.lengths()[b] + counts[b]);
     }
-    check_params(function);
+    check_params(parameters, function);
     if (config_.alibi && !opts.alibi_slopes.empty())
       detail::throw_invalid(function, "opts.alibi_slopes", "must be empty when cfg.alibi is set (ALiBi added twice)");
     const bool evicting = cache.policy().evicts();
@@ -732,16 +757,16 @@ class MultiHeadAttention {
   /// The data walk of step, into `output` with every buffer in `ws`: project -> rotate at each sequence's next
   /// positions -> append to the cache -> attend over the cache's views (the public sdpa path) straight into the
   /// merged heads -> output projection. step allocates ws and output for the call; step_into passes the cache's.
-  void step_core(const char* function, const TensorView<const T, 3>& x, KVCache<T>& cache,
+  void step_core(const MhaParams<T>& parameters, const char* function, const TensorView<const T, 3>& x, KVCache<T>& cache,
                  const AttentionOptions<T>& opts, const std::vector<Index>& new_tokens, const TensorView<T, 3>& output,
                  MhaWorkspace<T>& ws) const {
-    validate_step(function, x, cache, opts, new_tokens, ws.counts);
+    validate_step(parameters, function, x, cache, opts, new_tokens, ws.counts);
     const std::vector<Index>& counts = ws.counts;
     const Index batch = x.dim(0), new_len = x.dim(1), e = config_.embed_dim;
 
     // Project the new tokens and rotate them: sequence b's row l at absolute position positions()[b] + l.
     const TensorView<T, 3> qkv = MhaWorkspace<T>::take(ws.projection, std::array<Index, 3>{batch, new_len, projection_width()});
-    project_self_into(x, qkv, ws.stacked);
+    project_self_into(parameters, x, qkv, ws.stacked);
     const std::array<TensorView<T, 3>, 3> projections = projection_blocks(qkv);
     const TensorView<T, 4> q = split_heads(projections[0], config_.num_heads);
     const TensorView<T, 4> k = split_heads(projections[1], config_.num_kv_heads);
@@ -787,23 +812,23 @@ class MultiHeadAttention {
         for (Index b = 0; b < batch; ++b) cache.truncate(b, ws.lengths_before[static_cast<std::size_t>(b)]);
       throw;
     }
-    detail::linear_into<T>(merged, params_.out_weight.view(), params_.out_bias.view(), output);
+    detail::linear_into<T>(merged, parameters.out_weight.view(), parameters.out_bias.view(), output);
   }
 
-  Tensor<T, 3> step_views(const TensorView<const T, 3>& x, KVCache<T>& cache, const AttentionOptions<T>& opts,
+  Tensor<T, 3> step_views(const MhaParams<T>& parameters, const TensorView<const T, 3>& x, KVCache<T>& cache, const AttentionOptions<T>& opts,
                           const std::vector<Index>& new_tokens) const {
     MhaWorkspace<T> ws;
     Tensor<T, 3> output;
     // The output's shape needs x checked first; step_core checks everything again (cheap) before any work.
     detail::check_shape<3>(step_name, "x_new", x.shape(), {cache.batch(), detail::any_extent, config_.embed_dim});
     output = Tensor<T, 3>({x.dim(0), x.dim(1), config_.embed_dim});
-    step_core(step_name, x, cache, opts, new_tokens, output.view(), ws);
+    step_core(parameters, step_name, x, cache, opts, new_tokens, output.view(), ws);
     return output;
   }
 
   static constexpr const char* step_into_name = "MultiHeadAttention::step_into";
 
-  void step_into_views(const TensorView<const T, 3>& x, KVCache<T>& cache, const TensorView<T, 3>& output,
+  void step_into_views(const MhaParams<T>& parameters, const TensorView<const T, 3>& x, KVCache<T>& cache, const TensorView<T, 3>& output,
                        const AttentionOptions<T>& opts, const std::vector<Index>& new_tokens) const {
     detail::check_shape<3>(step_into_name, "x_new", x.shape(), {cache.batch(), detail::any_extent, config_.embed_dim});
     detail::check_shape<3>(step_into_name, "output", output.shape(), {x.dim(0), x.dim(1), config_.embed_dim});
@@ -815,7 +840,7 @@ class MultiHeadAttention {
       detail::throw_invalid(step_into_name, "output", "overlaps the cache; write into separate memory");
     if (detail::overlaps(output, opts.bias) || detail::overlaps(output, opts.allowed))
       detail::throw_invalid(step_into_name, "output", "overlaps a mask of opts; write into separate memory");
-    step_core(step_into_name, x, cache, opts, new_tokens, output, cache.step_workspace());
+    step_core(parameters, step_into_name, x, cache, opts, new_tokens, output, cache.step_workspace());
   }
 
   MultiHeadAttentionConfig config_;

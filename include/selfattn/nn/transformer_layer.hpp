@@ -1,0 +1,460 @@
+/// \file
+/// TransformerLayer: PyTorch's nn.TransformerEncoderLayer(batch_first=True) with its backward, pre-norm or post-norm,
+/// and the decoder-only (GPT-style: causal, pre-norm) variant with incremental decoding.
+///
+/// Dimension letters: B batch, L length, E embed dim, F feed-forward width.
+///
+/// Post-norm (norm_first = false, PyTorch's default and the original Transformer):
+///   h = norm1(x + dropout(attention(x)))
+///   y = norm2(h + dropout(ffn(h)))
+/// Pre-norm (norm_first = true, GPT-2 and later):
+///   h = x + dropout(attention(norm1(x)))
+///   y = h + dropout(ffn(norm2(h)))
+/// where attention is multi-head self-attention (MultiHeadAttention) and ffn = linear2(dropout(act(linear1))).
+#pragma once
+
+#include <selfattn/detail/dropout.hpp>
+#include <selfattn/errors.hpp>
+#include <selfattn/nn/activation.hpp>
+#include <selfattn/nn/feed_forward.hpp>
+#include <selfattn/nn/kv_cache.hpp>
+#include <selfattn/nn/module_input.hpp>
+#include <selfattn/nn/multihead.hpp>
+#include <selfattn/nn/norm.hpp>
+#include <selfattn/options.hpp>
+#include <selfattn/tensor.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace selfattn {
+
+/// \brief Configuration of a TransformerLayer; PyTorch's nn.TransformerEncoderLayer arguments, plus the norm kind,
+/// SwiGLU and the decoder-only switch. The layer's constructor throws std::invalid_argument naming the field when the
+/// configuration is invalid.
+///
+/// PyTorch's layer passes its `dropout` to the attention probabilities as well; here that rate is
+/// `attention.dropout`, so set both to match PyTorch in training mode.
+/// \code
+/// TransformerLayerConfig cfg;
+/// cfg.attention.embed_dim = 512;   // E
+/// cfg.attention.num_heads = 8;
+/// cfg.ffn_dim = 2048;              // F
+/// cfg.norm_first = true;           // pre-norm
+/// \endcode
+struct TransformerLayerConfig {
+  MultiHeadAttentionConfig attention;        ///< the self-attention (embed_dim, heads, GQA, RoPE, ALiBi, bias, dropout)
+  Index ffn_dim = 2048;                      ///< F: hidden width of the feed-forward network (dim_feedforward)
+  Activation activation = Activation::relu;  ///< relu, gelu, gelu_tanh or swiglu
+  double dropout = 0.1;  ///< on the attention output, inside the FFN and on its output (training mode only)
+  bool norm_first = false;                   ///< false: post-norm (PyTorch's default); true: pre-norm
+  NormKind norm = NormKind::layer_norm;      ///< layer_norm or rms_norm
+  double norm_eps = 1e-5;                    ///< eps of both norms (layer_norm_eps)
+  bool bias = true;                          ///< biases of the FFN's linear layers and of LayerNorm (PyTorch's `bias`)
+  bool causal = false;  ///< decoder-only: the self-attention is causal (top-left) whatever opts.causal says
+};
+
+/// \brief A decoder-only (GPT-style) layer: pre-norm, causal self-attention, GELU (tanh) feed-forward network of
+/// width 4E, no dropout; RoPE or ALiBi go into `attention` as usual.
+/// \code
+/// TransformerLayerConfig cfg = decoder_layer_config(256, 4);   // E = 256, H = 4, F = 1024
+/// cfg.attention.rope_dim = 64;                                 // rotary positions on the whole head
+/// \endcode
+inline TransformerLayerConfig decoder_layer_config(Index embed_dim, Index num_heads, Index ffn_dim = 0) {
+  TransformerLayerConfig cfg;
+  cfg.attention.embed_dim = embed_dim;
+  cfg.attention.num_heads = num_heads;
+  cfg.ffn_dim = ffn_dim > 0 ? ffn_dim : 4 * embed_dim;
+  cfg.activation = Activation::gelu_tanh;
+  cfg.dropout = 0.0;
+  cfg.norm_first = true;
+  cfg.causal = true;
+  return cfg;
+}
+
+/// \brief The layer's parameters (or their gradients), under nn.TransformerEncoderLayer's names.
+///
+/// Shapes: self_attn as MhaParams; linear1_weight (Fz, E), linear1_bias (Fz), linear2_weight (E, F),
+/// linear2_bias (E) with Fz = F (2F for SwiGLU); norm1/norm2 weight and bias (E). Biases are empty when !cfg.bias
+/// (norm biases also for RMSNorm).
+template <typename T>
+struct TransformerLayerParams {
+  MhaParams<T> self_attn;       ///< the self-attention (self_attn.in_proj_weight ... in PyTorch)
+  Tensor<T, 2> linear1_weight;  ///< (Fz, E)
+  Tensor<T, 1> linear1_bias;    ///< (Fz), or empty
+  Tensor<T, 2> linear2_weight;  ///< (E, F)
+  Tensor<T, 1> linear2_bias;    ///< (E), or empty
+  Tensor<T, 1> norm1_weight;    ///< (E)
+  Tensor<T, 1> norm1_bias;      ///< (E), or empty
+  Tensor<T, 1> norm2_weight;    ///< (E)
+  Tensor<T, 1> norm2_bias;      ///< (E), or empty
+};
+
+namespace detail {
+
+/// What the layer's backward needs of its forward. Built once in place and shared (never moved after the attention's
+/// forward has taken views of its tensors).
+template <typename T>
+struct TransformerLayerSaved {
+  SavedInput<T> input;           ///< x
+  Tensor<T, 3> normed1;          ///< norm1's output: the attention's input (pre-norm) or the FFN's (post-norm)
+  NormStatistics<T> norm1, norm2;
+  MhaForward<T> attention;       ///< the self-attention's forward
+  Tensor<T, 3> residual1;        ///< h = x + dropout(attention): norm1's input (post) or norm2's (pre)
+  Tensor<T, 3> normed2;          ///< pre-norm: norm2(h), the FFN's input
+  Tensor<T, 3> residual2;        ///< post-norm: h + dropout(ffn(h)), norm2's input
+  FeedForwardSaved<T> ffn;
+  T dropout_p = T(0);            ///< the layer's dropout rate in this forward (0 outside training)
+  std::uint64_t seed = 0;        ///< opts.seed of the forward
+};
+
+/// The seeds of the layer's three dropout sites, derived from opts.seed (the attention probabilities use opts.seed).
+enum class LayerDropoutSite : std::uint64_t { attention_output = 1, ffn_hidden = 2, ffn_output = 3 };
+inline std::uint64_t layer_dropout_seed(std::uint64_t seed, LayerDropoutSite site) {
+  return mix64(seed ^ (0x7f4a7c15ULL * static_cast<std::uint64_t>(site)));
+}
+
+}  // namespace detail
+
+/// \brief What TransformerLayer::forward returns: the output, the attention weights when asked for, and what the
+/// backward needs (shared: copies of this result stay valid).
+template <typename T>
+struct TransformerLayerForward {
+  Tensor<T, 3> output;   ///< (B, L, E)
+  Tensor<T, 4> weights;  ///< (B, H, L, L) per-head attention probabilities when opts.need_weights, else empty
+  std::shared_ptr<const detail::TransformerLayerSaved<T>> saved;  ///< Internal: saved for backward
+};
+
+/// \brief What TransformerLayer::backward returns: d_input (B, L, E) and the gradients of every parameter under the
+/// names and shapes of params().
+template <typename T>
+struct TransformerLayerGradients {
+  Tensor<T, 3> d_input;             ///< (B, L, E)
+  TransformerLayerParams<T> params;  ///< gradients, same names and shapes as params()
+};
+
+/// \brief One transformer layer: self-attention and a feed-forward network, each with dropout and a residual
+/// connection, normalised before (pre-norm) or after (post-norm). Equal to PyTorch's
+/// nn.TransformerEncoderLayer(batch_first=True); parameters load from its state dict (io/transformer_state_dict.hpp).
+///
+/// Shapes: forward(x (B, L, E), opts) -> output (B, L, E); step(x_new (B, Lnew, E), cache) -> (B, Lnew, E).
+/// `opts` are the attention's options (causal, key_lengths, allowed, bias, windows, need_weights, seed); dropout rates
+/// come from the configuration, in training mode only. forward, backward and step are const: one layer serves many
+/// threads.
+/// \code
+/// TransformerLayer<float> layer(cfg);           // seed 0
+/// AttentionOptions<float> opts;
+/// opts.key_lengths = {7, 5};                    // key padding
+/// auto fwd = layer.forward(x, opts);            // x (2, 7, E)
+/// auto g = layer.backward(dout, fwd);           // g.d_input, g.params.linear1_weight, ...
+/// \endcode
+template <typename T>
+class TransformerLayer {
+  static_assert(std::is_floating_point_v<T>, "TransformerLayer<T>: T is float or double");
+
+ public:
+  /// The attention initialised as MultiHeadAttention(cfg.attention, seed) is, the FFN as nn.Linear is, the norms to
+  /// weight 1 and bias 0.
+  explicit TransformerLayer(const TransformerLayerConfig& config, std::uint64_t seed = 0)
+      : config_(checked(config)), attention_(config_.attention, seed) {
+    config_.attention = attention_.config();  // with its defaults filled in
+    params_.self_attn = std::move(attention_.params());  // the layer keeps them; attention_ runs them (forward_with)
+    FeedForward<T> ffn(feed_forward_config(), seed ^ 0x5eedf00dULL);
+    params_.linear1_weight = std::move(ffn.params().linear1_weight);
+    params_.linear1_bias = std::move(ffn.params().linear1_bias);
+    params_.linear2_weight = std::move(ffn.params().linear2_weight);
+    params_.linear2_bias = std::move(ffn.params().linear2_bias);
+    const auto norm_params = [this](Tensor<T, 1>& weight, Tensor<T, 1>& bias) {
+      weight = Tensor<T, 1>(std::array<Index, 1>{embed_dim()});
+      weight.fill(T(1));
+      if (has_norm_bias()) bias = Tensor<T, 1>(std::array<Index, 1>{embed_dim()});
+    };
+    norm_params(params_.norm1_weight, params_.norm1_bias);
+    norm_params(params_.norm2_weight, params_.norm2_bias);
+  }
+
+  /// The configuration, with the attention's defaults filled in.
+  const TransformerLayerConfig& config() const { return config_; }
+  Index embed_dim() const { return config_.attention.embed_dim; }  ///< E
+  /// The parameters, writable (e.g. to load PyTorch weights); keep their shapes, and do not change them between a
+  /// forward and its backward.
+  TransformerLayerParams<T>& params() { return params_; }
+  /// \overload
+  const TransformerLayerParams<T>& params() const { return params_; }
+  /// Dropout (cfg.dropout and cfg.attention.dropout) applies only in training mode; the default is false.
+  void set_training(bool training) {
+    training_ = training;
+    attention_.set_training(training);
+  }
+  bool training() const { return training_; }  ///< whether dropout is on
+
+  /// \brief The layer on x (B, L, E) with the attention options `opts`.
+  ///
+  /// Checks every argument first (ShapeError / std::invalid_argument naming it). A temporary Tensor x is moved into
+  /// the result; a named one (and the mask tensors of opts) stay the caller's to keep alive until backward.
+  template <typename X>
+  TransformerLayerForward<T> forward(X&& x, const AttentionOptions<T>& opts = {}) const {
+    return forward_with(params_, std::forward<X>(x), opts);
+  }
+
+  /// \brief Gradients of a scalar loss given dout = d loss / d output (B, L, E) of the forward `f`; the parameters
+  /// must be unchanged since that forward. The forward's walk in reverse.
+  template <typename DO>
+  TransformerLayerGradients<T> backward(const DO& dout, const TransformerLayerForward<T>& f) const {
+    return backward_with(params_, dout, f);
+  }
+
+  /// \brief A key/value cache for incremental decoding of `batch` sequences with this layer (see step).
+  KVCache<T> make_cache(Index batch, const CachePolicy& policy = {}) const { return attention_.make_cache(batch, policy); }
+
+  /// \brief Incremental decoding: the layer on the new tokens x_new (B, Lnew, E), their keys and values appended to
+  /// the cache, attending causally over everything cached (MultiHeadAttention::step). Feeding a sequence in pieces
+  /// gives the rows of one forward with Causal::top_left; no dropout. If step throws on its arguments, the cache is
+  /// unchanged.
+  template <typename X>
+  Tensor<T, 3> step(const X& x_new, KVCache<T>& cache, const AttentionOptions<T>& opts = {},
+                    const std::vector<Index>& new_tokens = {}) const {
+    return step_with(params_, x_new, cache, opts, new_tokens);
+  }
+
+  /// \name Running with parameters held elsewhere
+  /// The layer's configuration run with `parameters` in place of params() (a TransformerStack keeps every layer's
+  /// parameters and runs them through one layer of the configuration). `parameters` must have the shapes of
+  /// params(); backward_with must get the parameters its forward_with ran with.
+  ///@{
+  template <typename X>
+  TransformerLayerForward<T> forward_with(const TransformerLayerParams<T>& parameters, X&& x,
+                                          const AttentionOptions<T>& opts = {}) const {
+    TransformerLayerForward<T> f;
+    if constexpr (detail::check_layer_arguments<T, X>()) {
+      detail::SavedInput<T> input = detail::save_input<T>(std::forward<X>(x));
+      check_input(forward_name, "x", input.view);
+      check_params(forward_name, parameters);
+      auto saved = std::make_shared<detail::TransformerLayerSaved<T>>();
+      saved->input = std::move(input);
+      f.output = run_forward(parameters, *saved, attention_options(opts));
+      f.weights = std::move(saved->attention.weights);
+      f.saved = std::move(saved);
+    }
+    return f;
+  }
+
+  template <typename DO>
+  TransformerLayerGradients<T> backward_with(const TransformerLayerParams<T>& parameters, const DO& dout,
+                                             const TransformerLayerForward<T>& f) const {
+    TransformerLayerGradients<T> g;
+    if constexpr (detail::check_layer_arguments<T, DO>()) {
+      if (!f.saved) detail::throw_invalid(backward_name, "fwd", "is not the result of a forward call");
+      detail::check_shape<3>(backward_name, "dout", detail::const_view(dout).shape(), f.output.shape());
+      check_params(backward_name, parameters);
+      run_backward(parameters, *f.saved, detail::const_view(dout), g);
+    }
+    return g;
+  }
+
+  template <typename X>
+  Tensor<T, 3> step_with(const TransformerLayerParams<T>& parameters, const X& x_new, KVCache<T>& cache,
+                         const AttentionOptions<T>& opts = {}, const std::vector<Index>& new_tokens = {}) const {
+    Tensor<T, 3> y;
+    if constexpr (detail::check_layer_arguments<T, X>()) {
+      const TensorView<const T, 3> x = detail::const_view(x_new);
+      check_input(step_name, "x_new", x);
+      check_params(step_name, parameters);
+      y = run_step(parameters, x, cache, opts, new_tokens);
+    }
+    return y;
+  }
+  ///@}
+
+ private:
+  static constexpr const char* forward_name = "TransformerLayer::forward";
+  static constexpr const char* backward_name = "TransformerLayer::backward";
+  static constexpr const char* step_name = "TransformerLayer::step";
+
+  static TransformerLayerConfig checked(const TransformerLayerConfig& c) {
+    const char* fn = "TransformerLayer";
+    FeedForwardConfig ffn{c.attention.embed_dim, c.ffn_dim, c.activation, c.dropout, c.bias};
+    if (c.attention.embed_dim >= 1) detail::check_feed_forward_config(fn, "cfg.", ffn);
+    detail::check_norm_eps(fn, "cfg.norm_eps", c.norm_eps);
+    return c;  // the attention's fields are checked by MultiHeadAttention's constructor
+  }
+
+  FeedForwardConfig feed_forward_config() const {
+    return {embed_dim(), config_.ffn_dim, config_.activation, config_.dropout, config_.bias};
+  }
+  bool has_norm_bias() const { return config_.bias && config_.norm == NormKind::layer_norm; }
+
+  void check_input(const char* function, const char* name, const TensorView<const T, 3>& x) const {
+    detail::check_shape<3>(function, name, x.shape(), {detail::any_extent, detail::any_extent, embed_dim()});
+  }
+
+  void check_params(const char* function, const TransformerLayerParams<T>& p) const {
+    detail::check_feed_forward_params(function, "params().", feed_forward_config(), p.linear1_weight, p.linear1_bias,
+                                      p.linear2_weight, p.linear2_bias);
+    const Index e = embed_dim();
+    detail::check_norm_param(function, "params().norm1_weight", p.norm1_weight, true, e);
+    detail::check_norm_param(function, "params().norm1_bias", p.norm1_bias, has_norm_bias(), e);
+    detail::check_norm_param(function, "params().norm2_weight", p.norm2_weight, true, e);
+    detail::check_norm_param(function, "params().norm2_bias", p.norm2_bias, has_norm_bias(), e);
+    // the attention's parameters are checked by the attention (naming params().<name> of self_attn)
+  }
+
+  AttentionOptions<T> attention_options(const AttentionOptions<T>& opts) const {
+    AttentionOptions<T> o = opts;
+    if (config_.causal && o.causal == Causal::none) o.causal = Causal::top_left;
+    return o;
+  }
+
+  detail::FeedForwardWeights<T> ffn_weights(const TransformerLayerParams<T>& p) const {
+    return {p.linear1_weight.view(), p.linear1_bias.view(), p.linear2_weight.view(), p.linear2_bias.view()};
+  }
+
+  /// norm(x) with weight and bias (bias empty when absent), statistics into `stats`.
+  Tensor<T, 3> normalize(const TensorView<const T, 3>& x, const Tensor<T, 1>& weight, const Tensor<T, 1>& bias,
+                         detail::NormStatistics<T>& stats) const {
+    Tensor<T, 3> y(x.shape());
+    detail::norm_forward_into<T>(config_.norm, static_cast<T>(config_.norm_eps), x, weight.view(), bias.view(), y.view(),
+                                 stats);
+    return y;
+  }
+
+  /// dx of y = norm(x), the parameter gradients into dweight and dbias (sized here; dbias only with a bias).
+  Tensor<T, 3> normalize_backward(const TensorView<const T, 3>& x, const detail::NormStatistics<T>& stats,
+                                  const Tensor<T, 1>& weight, const TensorView<const T, 3>& dy, Tensor<T, 1>& dweight,
+                                  Tensor<T, 1>& dbias) const {
+    Tensor<T, 3> dx(x.shape());
+    dweight = Tensor<T, 1>(weight.shape());
+    if (has_norm_bias()) dbias = Tensor<T, 1>(weight.shape());
+    detail::norm_backward_into<T>(config_.norm, x, stats, weight.view(), dy, dx.view(), dweight.view(), dbias.view());
+    return dx;
+  }
+
+  /// out = x + dropout(y), dropout keyed by `seed` (y taken by value: the attention's output is copied, as its
+  /// forward result keeps it).
+  static Tensor<T, 3> residual(const TensorView<const T, 3>& x, Tensor<T, 3> y, T p, std::uint64_t seed) {
+    detail::dropout_activations<T>(y.view(), p, seed);
+    return std::move(y) + x;
+  }
+
+  /// The forward's walk (see the file comment), everything the backward needs into `s`.
+  Tensor<T, 3> run_forward(const TransformerLayerParams<T>& p, detail::TransformerLayerSaved<T>& s,
+                           const AttentionOptions<T>& opts) const {
+    using detail::LayerDropoutSite;
+    using detail::layer_dropout_seed;
+    s.dropout_p = training_ ? static_cast<T>(config_.dropout) : T(0);
+    s.seed = opts.seed;
+    const TensorView<const T, 3> x = s.input.view;
+    const auto seed = [&](LayerDropoutSite site) { return layer_dropout_seed(s.seed, site); };
+    if (config_.norm_first) {
+      // h = x + dropout(attention(norm1(x)))
+      s.normed1 = normalize(x, p.norm1_weight, p.norm1_bias, s.norm1);
+      s.attention = attention_.forward_with(p.self_attn, s.normed1.view(), opts);
+      s.residual1 = residual(x, s.attention.output, s.dropout_p, seed(LayerDropoutSite::attention_output));
+      // y = h + dropout(ffn(norm2(h)))
+      s.normed2 = normalize(s.residual1.view(), p.norm2_weight, p.norm2_bias, s.norm2);
+      Tensor<T, 3> ffn_out(x.shape());
+      detail::feed_forward_forward<T>(config_.activation, s.dropout_p, seed(LayerDropoutSite::ffn_hidden),
+                                      s.normed2.view(), ffn_weights(p), s.ffn, ffn_out.view());
+      return residual(s.residual1.view(), std::move(ffn_out), s.dropout_p, seed(LayerDropoutSite::ffn_output));
+    }
+    // h = norm1(x + dropout(attention(x)))
+    s.attention = attention_.forward_with(p.self_attn, x, opts);
+    s.residual1 = residual(x, s.attention.output, s.dropout_p, seed(LayerDropoutSite::attention_output));
+    s.normed1 = normalize(s.residual1.view(), p.norm1_weight, p.norm1_bias, s.norm1);
+    // y = norm2(h + dropout(ffn(h)))
+    Tensor<T, 3> ffn_out(x.shape());
+    detail::feed_forward_forward<T>(config_.activation, s.dropout_p, seed(LayerDropoutSite::ffn_hidden),
+                                    s.normed1.view(), ffn_weights(p), s.ffn, ffn_out.view());
+    s.residual2 = residual(s.normed1.view(), std::move(ffn_out), s.dropout_p, seed(LayerDropoutSite::ffn_output));
+    return normalize(s.residual2.view(), p.norm2_weight, p.norm2_bias, s.norm2);
+  }
+
+  /// d attention(a) for the attention's input a: the attention's backward of dy, its three input gradients summed
+  /// (self-attention reads a as query, key and value).
+  Tensor<T, 3> attention_backward(const TransformerLayerParams<T>& p, const detail::TransformerLayerSaved<T>& s,
+                                  Tensor<T, 3> dy, MhaParams<T>& dparams) const {
+    detail::dropout_activations<T>(dy.view(), s.dropout_p,
+                                   detail::layer_dropout_seed(s.seed, detail::LayerDropoutSite::attention_output));
+    MhaGradients<T> g = attention_.backward_with(p.self_attn, dy, s.attention);
+    dparams = std::move(g.params);
+    return std::move(g.d_query) + g.d_key + g.d_value;
+  }
+
+  /// d ffn(a) for the FFN's input a, the FFN's parameter gradients into `dparams`.
+  Tensor<T, 3> ffn_backward(const TransformerLayerParams<T>& p, const detail::TransformerLayerSaved<T>& s,
+                            const TensorView<const T, 3>& ffn_input, Tensor<T, 3> dy,
+                            TransformerLayerParams<T>& dparams) const {
+    using detail::LayerDropoutSite;
+    detail::dropout_activations<T>(dy.view(), s.dropout_p, detail::layer_dropout_seed(s.seed, LayerDropoutSite::ffn_output));
+    FeedForwardParams<T> g;
+    Tensor<T, 3> dx = detail::feed_forward_backward<T>(config_.activation, s.dropout_p,
+                                                       detail::layer_dropout_seed(s.seed, LayerDropoutSite::ffn_hidden),
+                                                       ffn_input, ffn_weights(p), s.ffn, dy.view(), config_.bias, g);
+    dparams.linear1_weight = std::move(g.linear1_weight);
+    dparams.linear1_bias = std::move(g.linear1_bias);
+    dparams.linear2_weight = std::move(g.linear2_weight);
+    dparams.linear2_bias = std::move(g.linear2_bias);
+    return dx;
+  }
+
+  void run_backward(const TransformerLayerParams<T>& p, const detail::TransformerLayerSaved<T>& s,
+                    const TensorView<const T, 3>& dy, TransformerLayerGradients<T>& g) const {
+    const TensorView<const T, 3> x = s.input.view;
+    if (config_.norm_first) {
+      // y = h + dropout(ffn(norm2(h))):  dh = dy + norm2'(ffn'(dropout'(dy)))
+      Tensor<T, 3> d_normed2 = ffn_backward(p, s, s.normed2.view(), Tensor<T, 3>(dy), g.params);
+      Tensor<T, 3> dh = normalize_backward(s.residual1.view(), s.norm2, p.norm2_weight, d_normed2.view(),
+                                           g.params.norm2_weight, g.params.norm2_bias);
+      dh += dy;
+      // h = x + dropout(attention(norm1(x))):  dx = dh + norm1'(attention'(dropout'(dh)))
+      Tensor<T, 3> d_normed1 = attention_backward(p, s, Tensor<T, 3>(dh), g.params.self_attn);
+      g.d_input = normalize_backward(x, s.norm1, p.norm1_weight, d_normed1.view(), g.params.norm1_weight,
+                                     g.params.norm1_bias);
+      g.d_input += dh;
+      return;
+    }
+    // y = norm2(r), r = h + dropout(ffn(h)):  dr = norm2'(dy);  dh = dr + ffn'(dropout'(dr))
+    Tensor<T, 3> dr = normalize_backward(s.residual2.view(), s.norm2, p.norm2_weight, dy, g.params.norm2_weight,
+                                         g.params.norm2_bias);
+    Tensor<T, 3> dh = ffn_backward(p, s, s.normed1.view(), Tensor<T, 3>(dr), g.params);
+    dh += dr;
+    // h = norm1(q), q = x + dropout(attention(x)):  dq = norm1'(dh);  dx = dq + attention'(dropout'(dq))
+    Tensor<T, 3> dq = normalize_backward(s.residual1.view(), s.norm1, p.norm1_weight, dh.view(), g.params.norm1_weight,
+                                         g.params.norm1_bias);
+    g.d_input = attention_backward(p, s, Tensor<T, 3>(dq), g.params.self_attn);
+    g.d_input += dq;
+  }
+
+  /// The forward's walk for new tokens, the attention through the cache; nothing saved, no dropout.
+  Tensor<T, 3> run_step(const TransformerLayerParams<T>& p, const TensorView<const T, 3>& x, KVCache<T>& cache,
+                        const AttentionOptions<T>& opts, const std::vector<Index>& new_tokens) const {
+    detail::NormStatistics<T> stats;
+    detail::FeedForwardSaved<T> ffn_saved;
+    const auto ffn = [&](const TensorView<const T, 3>& in) {
+      Tensor<T, 3> out(in.shape());
+      detail::feed_forward_forward<T>(config_.activation, T(0), 0, in, ffn_weights(p), ffn_saved, out.view());
+      return out;
+    };
+    if (config_.norm_first) {
+      Tensor<T, 3> h = attention_.step_with(p.self_attn, normalize(x, p.norm1_weight, p.norm1_bias, stats), cache, opts,
+                                            new_tokens);
+      h += x;  // h = x + attention(norm1(x))
+      return ffn(normalize(h.view(), p.norm2_weight, p.norm2_bias, stats).view()) + h;  // h + ffn(norm2(h))
+    }
+    Tensor<T, 3> q = attention_.step_with(p.self_attn, x, cache, opts, new_tokens);
+    q += x;
+    const Tensor<T, 3> h = normalize(q.view(), p.norm1_weight, p.norm1_bias, stats);  // norm1(x + attention(x))
+    return normalize((ffn(h.view()) + h).view(), p.norm2_weight, p.norm2_bias, stats);    // norm2(h + ffn(h))
+  }
+
+  TransformerLayerConfig config_;
+  MultiHeadAttention<T> attention_;  // runs params_.self_attn; its own params() are empty
+  TransformerLayerParams<T> params_;
+  bool training_ = false;
+};
+
+}  // namespace selfattn
