@@ -1,0 +1,64 @@
+// Tests of selfattn/train/schedule.hpp: the warmup rises linearly to the peak, the cosine starts at the peak, passes
+// the midpoint halfway and ends at min_lr, no warmup starts at the peak, and out-of-range fields are named.
+#include <selfattn/train/schedule.hpp>
+
+#include "support/expect_error.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+namespace selfattn {
+namespace {
+
+using test::expect_error;
+
+WarmupCosineSchedule schedule(double peak, double min, Index warmup, Index total) {
+  WarmupCosineSchedule s;
+  s.peak_lr = peak;
+  s.min_lr = min;
+  s.warmup_steps = warmup;
+  s.total_steps = total;
+  return s;
+}
+
+TEST(WarmupCosineScheduleTest, WarmupThenCosine) {
+  const WarmupCosineSchedule s = schedule(1e-2, 1e-3, 10, 110);
+  EXPECT_DOUBLE_EQ(s.learning_rate(0), 1e-3);   // (0 + 1) / 10 of the peak
+  EXPECT_DOUBLE_EQ(s.learning_rate(4), 5e-3);
+  EXPECT_DOUBLE_EQ(s.learning_rate(9), 1e-2);   // the warmup ends at the peak ...
+  EXPECT_DOUBLE_EQ(s.learning_rate(10), 1e-2);  // ... where the cosine starts
+  EXPECT_NEAR(s.learning_rate(60), 5.5e-3, 1e-15);  // halfway: the mean of peak and min
+  EXPECT_NEAR(s.learning_rate(35), 1e-3 + 9e-3 * (1 + std::cos(3.14159265358979323846 / 4)) / 2, 1e-15);
+  EXPECT_GT(s.learning_rate(109), 1e-3);
+  EXPECT_LT(s.learning_rate(109), 1.01e-3);
+  EXPECT_DOUBLE_EQ(s.learning_rate(110), 1e-3);
+  EXPECT_DOUBLE_EQ(s.learning_rate(1000), 1e-3);
+  for (Index step = 11; step < 110; ++step) EXPECT_LT(s.learning_rate(step), s.learning_rate(step - 1)) << step;
+}
+
+TEST(WarmupCosineScheduleTest, NoWarmupAndNoDecay) {
+  EXPECT_DOUBLE_EQ(schedule(2.0, 0.0, 0, 4).learning_rate(0), 2.0);
+  EXPECT_DOUBLE_EQ(schedule(2.0, 0.0, 0, 4).learning_rate(2), 1.0);
+  // total == warmup: a warmup, then min_lr at once.
+  EXPECT_DOUBLE_EQ(schedule(2.0, 0.5, 4, 4).learning_rate(3), 2.0);
+  EXPECT_DOUBLE_EQ(schedule(2.0, 0.5, 4, 4).learning_rate(4), 0.5);
+  EXPECT_DOUBLE_EQ(schedule(0.5, 0.5, 2, 8).learning_rate(5), 0.5);  // constant after the warmup
+}
+
+TEST(WarmupCosineScheduleTest, ErrorsNameTheField) {
+  const char* fn = "[WarmupCosineSchedule::learning_rate]";
+  expect_error<std::invalid_argument>([&] { schedule(1e-3, -1, 0, 1).learning_rate(0); }, {fn, "min_lr"});
+  expect_error<std::invalid_argument>([&] { schedule(1e-3, 1e-2, 0, 1).learning_rate(0); }, {"peak_lr", ">= min_lr"});
+  expect_error<std::invalid_argument>([&] { schedule(std::numeric_limits<double>::infinity(), 0, 0, 1).learning_rate(0); },
+                                      {"peak_lr"});
+  expect_error<std::invalid_argument>([&] { schedule(1e-3, 0, -1, 1).learning_rate(0); }, {"warmup_steps", "got -1"});
+  expect_error<std::invalid_argument>([&] { schedule(1e-3, 0, 5, 4).learning_rate(0); },
+                                      {"total_steps", ">= warmup_steps (5), got 4"});
+  expect_error<std::invalid_argument>([&] { schedule(1e-3, 0, 0, 4).learning_rate(-1); }, {"step", "got -1"});
+}
+
+}  // namespace
+}  // namespace selfattn
