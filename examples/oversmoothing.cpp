@@ -1,0 +1,509 @@
+// oversmoothing.cpp — stacked attention averages the tokens into one; residuals, norms and the FFN stop it.
+//
+// Each self-attention layer mixes the tokens with a row-stochastic matrix (every output row is a weighted mean
+// of the value rows), and a product of such matrices tends to rank one: every token the same vector (Dong,
+// Cordonnier & Loukas 2021, "Attention is not all you need: pure attention loses rank doubly exponentially with
+// depth"). Part 1 stacks 1 to 32 layers with random weights at initialisation, each depth with its own weights
+// (seed 1000 * seed + depth), on 32 tokens of E = 32 (N(0, 1) embeddings plus the sinusoidal positions), in
+// five wirings:
+//   (a) attention only           x <- attn(x)
+//   (b) + residual               x <- x + attn(x)
+//   (c) + residual + LayerNorm   x <- LayerNorm(x + attn(x))                        (post-norm, no FFN)
+//   (d) full layer, pre-norm     TransformerLayer, norm_first: x + attn(LN x), then + FFN(LN .)
+//   (e) full layer, post-norm    TransformerLayer, PyTorch's default: LN(x + attn(x)), then LN(. + FFN(.))
+// All five use the same attention weights at a given depth; (d) and (e) also share the FFN. After each depth it
+// prints how far the tokens are from one vector: spread = ||X - 1 mean(X)||_F / ||X||_F (0 when every row is the
+// mean row) and sigma2 / sigma1 (0 when X has rank one).
+// Part 2 runs the post-norm and the pre-norm stack (with its final LayerNorm) backward from a random upstream
+// gradient, loss = sum(G * Y), and prints each layer's gradient norms (Xiong et al. 2020, "On Layer
+// Normalization in the Transformer Architecture"), and the last layer's for stacks of 1 to 32 layers.
+//
+// Usage: oversmoothing [--seed N]     (default seed 1; the same seed prints the same output)
+// Writes oversmoothing.svg and oversmoothing_gradients.svg in the current directory. Exits 1 unless
+//   attention only collapses: spread at depth 32 <= 1e-6 x its value at depth 1 (it reaches rounding),
+//   the residual wirings (b)-(e) keep spread >= 0.05 x the input's at depth 32, the pre-norm layer >= 0.4 x,
+//   the last layer's W2 gradient, post-norm over pre-norm, is >= 1.25x larger in a stack of 32 layers than of 1
+//   (Xiong et al.'s Theorem 1: post-norm's does not depend on the depth, pre-norm's shrinks), and pre-norm's
+//   W2 gradient in the 32-layer stack is at most 0.8x as large in the last layer as in the first.
+// Walk-through and measured tables: docs/oversmoothing.md.
+#include <selfattn/selfattn.hpp>
+
+#include <Eigen/SVD>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+using namespace selfattn;
+
+namespace {
+
+using T = double;             // the collapse goes down to rounding: double shows how far
+using Rng = std::mt19937_64;  // its raw output is fixed by the standard; the distributions are not
+
+constexpr Index kLength = 32;  // L tokens, batch B = 1
+constexpr Index kEmbed = 32;   // E
+constexpr Index kHeads = 4;    // H, head dim 8
+constexpr Index kFfn = 128;    // F = 4E
+constexpr int kDepth = 32;     // layers stacked
+constexpr std::array<int, 13> kPrintedDepths{0, 1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 28, 32};
+constexpr std::array<int, 6> kStackSizes{1, 2, 4, 8, 16, 32};  // part 2: the last layer's gradient vs depth
+
+double uniform01(Rng& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
+double normal(Rng& rng) {  // Box-Muller
+  const double u = std::max(uniform01(rng), 0x1.0p-53), v = uniform01(rng);
+  return std::sqrt(-2.0 * std::log(u)) * std::cos(6.283185307179586 * v);
+}
+
+Tensor<T, 3> random_normal(Rng& rng) {
+  Tensor<T, 3> x({1, kLength, kEmbed});
+  for (Index n = 0; n < x.size(); ++n) x.data()[n] = normal(rng);
+  return x;
+}
+
+std::uint64_t layer_seed(std::uint64_t seed, int depth) { return 1000 * seed + static_cast<std::uint64_t>(depth); }
+
+TransformerLayerConfig layer_config(bool norm_first) {
+  TransformerLayerConfig cfg;
+  cfg.attention.embed_dim = kEmbed;
+  cfg.attention.num_heads = kHeads;
+  cfg.ffn_dim = kFfn;
+  cfg.activation = Activation::relu;  // nn.TransformerEncoderLayer's default
+  cfg.dropout = 0.0;                  // at initialisation, as at inference
+  cfg.norm_first = norm_first;
+  return cfg;
+}
+
+// ---- 1. The measures -----------------------------------------------------------------------------------
+
+// ||X - 1 mean(X)||_F / ||X||_F over the L rows of batch entry 0: 0 when every token is the same vector.
+double spread(const Tensor<T, 3>& x) {
+  const auto m = as_matrix(x[0]);
+  const Eigen::RowVectorXd mean = m.colwise().mean();
+  return (m.rowwise() - mean).norm() / m.norm();
+}
+
+// sigma2 / sigma1 of X (L, E): 0 when X has rank one.
+double sigma_ratio(const Tensor<T, 3>& x) {
+  const Eigen::MatrixXd m = as_matrix(x[0]);
+  const Eigen::VectorXd s = Eigen::JacobiSVD<Eigen::MatrixXd>(m).singularValues();
+  return s(1) / s(0);
+}
+
+template <typename Tn>
+double squared_norm(const Tn& t) {
+  double sum = 0;
+  for (Index n = 0; n < t.size(); ++n) sum += t.data()[n] * t.data()[n];
+  return sum;
+}
+
+// Frobenius norms of one layer's weight gradients (biases and norm parameters left out).
+struct LayerGradNorms {
+  double attention = 0;  // q, k, v and output projection weights together
+  double linear1 = 0;    // W1 (F, E)
+  double linear2 = 0;    // W2 (E, F): Xiong et al.'s W^2
+};
+
+LayerGradNorms grad_norms(const TransformerLayerParams<T>& g) {
+  const MhaParams<T>& a = g.self_attn;
+  return {std::sqrt(squared_norm(a.q_weight) + squared_norm(a.k_weight) + squared_norm(a.v_weight) +
+                    squared_norm(a.out_weight)),
+          std::sqrt(squared_norm(g.linear1_weight)), std::sqrt(squared_norm(g.linear2_weight))};
+}
+
+// ---- 2. Part 1: five wirings, 32 depths ----------------------------------------------------------------
+
+constexpr std::size_t kWirings = 5;
+const std::array<const char*, kWirings> kNames{"attention only", "+ residual", "+ residual + LayerNorm",
+                                               "full layer, pre-norm", "full layer, post-norm"};
+const std::array<const char*, kWirings> kColours{"#d62728", "#ff7f0e", "#2ca02c", "#1f77b4", "#9467bd"};
+constexpr std::size_t kPre = 3, kPost = 4;  // the full layers' indices in kNames
+
+struct Stacks {
+  std::vector<TransformerLayer<T>> pre, post;                 // depth d + 1 at index d: the part 2 stacks
+  std::vector<TransformerLayerForward<T>> pre_fwd, post_fwd;  // their forwards, kept for the backward
+  std::array<std::vector<double>, kWirings> spread;           // per wiring, depths 0..32
+  std::array<std::vector<double>, kWirings> sigma;            // per wiring, the depths of kPrintedDepths only
+};
+
+Stacks run_depths(std::uint64_t seed, const Tensor<T, 3>& input) {
+  Stacks s;
+  const LayerNorm<T> norm(kEmbed);  // weight 1, bias 0, as at initialisation
+  std::array<Tensor<T, 3>, kWirings> x;
+  for (std::size_t w = 0; w < kWirings; ++w) {
+    x[w] = input;
+    s.spread[w].push_back(spread(input));
+    s.sigma[w].push_back(sigma_ratio(input));  // depth 0 is printed
+  }
+  for (int d = 1; d <= kDepth; ++d) {
+    // TransformerLayer(cfg, s) draws its attention as MultiHeadAttention(cfg.attention, s): one set of attention
+    // weights per depth for all five wirings.
+    s.pre.emplace_back(layer_config(true), layer_seed(seed, d));
+    s.post.emplace_back(layer_config(false), layer_seed(seed, d));
+    const MultiHeadAttention<T> attention(layer_config(false).attention, layer_seed(seed, d));
+    x[0] = attention.forward(x[0]).output;                              // (a) attn(x)
+    x[1] = attention.forward(x[1]).output + x[1];                       // (b) x + attn(x)
+    x[2] = norm.forward(attention.forward(x[2]).output + x[2]).output;  // (c) LN(x + attn(x))
+    // (d), (e): the input passed as a temporary copy, so each forward owns it for the backward
+    s.pre_fwd.push_back(s.pre.back().forward(Tensor<T, 3>(x[kPre])));
+    s.post_fwd.push_back(s.post.back().forward(Tensor<T, 3>(x[kPost])));
+    x[kPre] = s.pre_fwd.back().output;
+    x[kPost] = s.post_fwd.back().output;
+    for (std::size_t w = 0; w < kWirings; ++w) {
+      s.spread[w].push_back(spread(x[w]));
+      // an SVD takes tens of ms at -O0 under the sanitizers: only at the printed depths
+      if (std::find(kPrintedDepths.begin(), kPrintedDepths.end(), d) != kPrintedDepths.end())
+        s.sigma[w].push_back(sigma_ratio(x[w]));
+    }
+  }
+  return s;
+}
+
+// values[w][d] for every depth d, or (every_depth false) values[w][row] for the rows of kPrintedDepths.
+void print_depth_table(const char* title, const std::array<std::vector<double>, kWirings>& values, bool every_depth) {
+  const auto width = [](std::size_t w) { return static_cast<int>(std::strlen(kNames[w])) + 2; };
+  std::printf("%s\n  depth", title);
+  for (std::size_t w = 0; w < kWirings; ++w) std::printf("%*s", width(w), kNames[w]);
+  std::printf("\n");
+  for (std::size_t row = 0; row < kPrintedDepths.size(); ++row) {
+    const int d = kPrintedDepths[row];
+    std::printf("  %5d", d);
+    for (std::size_t w = 0; w < kWirings; ++w)
+      std::printf("%*.3g", width(w), values[w][every_depth ? static_cast<std::size_t>(d) : row]);
+    std::printf("\n");
+  }
+}
+
+// ---- 3. Part 2: gradients, post-norm against pre-norm ---------------------------------------------------
+
+struct Gradients {
+  std::vector<LayerGradNorms> post, pre;  // the 32-layer stacks, layer 1 (input side) first
+  std::vector<double> top_post, top_pre;  // the last layer's W2 gradient norm, stacks of kStackSizes layers
+  std::vector<double> pre_rms;            // RMS of the pre-norm residual stream there: the final norm divides by it
+};
+
+// Backward of a stack made of the first `n` layers, from d loss / d output = g; the pre-norm stack ends with a
+// LayerNorm (weight 1, bias 0), as pre-norm models do. `all`: down to layer 1, else the last layer only.
+std::vector<LayerGradNorms> backward(const std::vector<TransformerLayer<T>>& layers,
+                                     const std::vector<TransformerLayerForward<T>>& forwards, bool final_norm,
+                                     int n, const Tensor<T, 3>& g, bool all) {
+  Tensor<T, 3> dy = g;
+  if (final_norm) {
+    const LayerNorm<T> norm(kEmbed);
+    const NormForward<T> top = norm.forward(forwards[static_cast<std::size_t>(n - 1)].output);
+    dy = norm.backward(g, top).d_input;
+  }
+  std::vector<LayerGradNorms> norms(static_cast<std::size_t>(n));
+  for (int i = n - 1; i >= (all ? 0 : n - 1); --i) {
+    const auto k = static_cast<std::size_t>(i);
+    TransformerLayerGradients<T> grads = layers[k].backward(dy, forwards[k]);
+    norms[k] = grad_norms(grads.params);
+    dy = std::move(grads.d_input);
+  }
+  return norms;
+}
+
+Gradients run_gradients(const Stacks& s, const Tensor<T, 3>& g) {
+  Gradients r;
+  r.post = backward(s.post, s.post_fwd, false, kDepth, g, true);
+  r.pre = backward(s.pre, s.pre_fwd, true, kDepth, g, true);
+  for (int n : kStackSizes) {  // a stack of n layers is the first n of the 32: the forward is shared
+    const bool whole = n == kDepth;  // the 32-layer stacks' gradients are in r already
+    r.top_post.push_back((whole ? r.post : backward(s.post, s.post_fwd, false, n, g, false)).back().linear2);
+    r.top_pre.push_back((whole ? r.pre : backward(s.pre, s.pre_fwd, true, n, g, false)).back().linear2);
+    const Tensor<T, 3>& stream = s.pre_fwd[static_cast<std::size_t>(n - 1)].output;
+    r.pre_rms.push_back(std::sqrt(squared_norm(stream) / static_cast<double>(stream.size())));
+  }
+  return r;
+}
+
+// ---- 4. Pictures: line charts, written by hand ---------------------------------------------------------
+
+struct Series {
+  std::string name, colour;
+  std::vector<double> x, y;
+  bool markers = false;
+};
+
+struct Chart {
+  std::string title, x_label, y_label;
+  double x_min = 0, x_max = 1, y_min = 0, y_max = 1;
+  bool log_x = false, log_y = false;
+  std::vector<double> x_ticks, y_ticks;
+  std::vector<Series> series;
+  double reference_y = 0;  // > 0: a dotted horizontal line there, labelled reference_label
+  std::string reference_label;
+};
+
+constexpr double kPlotWidth = 360, kPlotHeight = 240;              // the plotting area of one chart
+constexpr double kLeft = 66, kTop = 30, kBottom = 48, kGap = 24;  // room for tick labels, titles, axis names
+constexpr double kMargin = 14, kTitleHeight = 30, kLegendRow = 20;
+
+std::string number(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.6g", v);
+  return text;
+}
+
+std::string text(double x, double y, double size, const std::string& attributes, const std::string& content) {
+  return "<text x=\"" + number(x) + "\" y=\"" + number(y) + "\" font-size=\"" + number(size) + "\"" +
+         (attributes.empty() ? "" : " " + attributes) + ">" + content + "</text>\n";
+}
+
+// Tick label: 10^k as 10 with a raised exponent (powers), else the plain number.
+std::string tick_label(double v, bool powers) {
+  if (!powers) return number(v);
+  const int k = static_cast<int>(std::lround(std::log10(v)));
+  if (k == 0) return "1";
+  return "10<tspan dy=\"-6\" font-size=\"9\">" + std::string(k < 0 ? "\u2212" : "") + std::to_string(std::abs(k)) +
+         "</tspan>";
+}
+
+double fraction(double v, double lo, double hi, bool log) {
+  const double t = log ? (std::log10(v) - std::log10(lo)) / (std::log10(hi) - std::log10(lo)) : (v - lo) / (hi - lo);
+  return std::clamp(t, 0.0, 1.0);
+}
+
+// One chart with its plotting area's top-left corner at (left + kLeft, top + kTop).
+std::string chart_svg(const Chart& c, double left, double top) {
+  const double x0 = left + kLeft, y0 = top + kTop;
+  const auto px = [&](double v) { return x0 + kPlotWidth * fraction(v, c.x_min, c.x_max, c.log_x); };
+  const auto py = [&](double v) { return y0 + kPlotHeight * (1 - fraction(v, c.y_min, c.y_max, c.log_y)); };
+  std::string out = text(x0, top + 18, 13, "font-weight=\"bold\"", c.title);
+  for (double v : c.y_ticks) {
+    out += "<line x1=\"" + number(x0) + "\" y1=\"" + number(py(v)) + "\" x2=\"" + number(x0 + kPlotWidth) +
+           "\" y2=\"" + number(py(v)) + "\" stroke=\"#e5e5e5\"/>\n";
+    out += text(x0 - 6, py(v) + 4, 11, "text-anchor=\"end\"", tick_label(v, c.log_y));
+  }
+  for (double v : c.x_ticks) {
+    out += "<line x1=\"" + number(px(v)) + "\" y1=\"" + number(y0 + kPlotHeight) + "\" x2=\"" + number(px(v)) +
+           "\" y2=\"" + number(y0 + kPlotHeight + 4) + "\" stroke=\"#555555\"/>\n";
+    out += text(px(v), y0 + kPlotHeight + 17, 11, "text-anchor=\"middle\"", number(v));
+  }
+  out += "<rect x=\"" + number(x0) + "\" y=\"" + number(y0) + "\" width=\"" + number(kPlotWidth) + "\" height=\"" +
+         number(kPlotHeight) + "\" fill=\"none\" stroke=\"#555555\"/>\n";
+  out += text(x0 + kPlotWidth / 2, y0 + kPlotHeight + 38, 12, "text-anchor=\"middle\" fill=\"#333333\"", c.x_label);
+  const double ly = y0 + kPlotHeight / 2, lx = left + 16;
+  out += text(lx, ly, 12,
+              "text-anchor=\"middle\" fill=\"#333333\" transform=\"rotate(-90 " + number(lx) + " " + number(ly) + ")\"",
+              c.y_label);
+  if (c.reference_y > 0) {
+    out += "<line x1=\"" + number(x0) + "\" y1=\"" + number(py(c.reference_y)) + "\" x2=\"" + number(x0 + kPlotWidth) +
+           "\" y2=\"" + number(py(c.reference_y)) + "\" stroke=\"#777777\" stroke-dasharray=\"2 3\"/>\n";
+    out += text(x0 + kPlotWidth - 4, py(c.reference_y) - 5, 10, "text-anchor=\"end\" fill=\"#555555\"",
+                c.reference_label);
+  }
+  for (const Series& s : c.series) {
+    std::string points;
+    for (std::size_t i = 0; i < s.x.size(); ++i) points += number(px(s.x[i])) + "," + number(py(s.y[i])) + " ";
+    out += "<polyline points=\"" + points + "\" fill=\"none\" stroke=\"" + s.colour +
+           "\" stroke-width=\"2\" stroke-linejoin=\"round\"/>\n";
+    if (s.markers)
+      for (std::size_t i = 0; i < s.x.size(); ++i)
+        out += "<circle cx=\"" + number(px(s.x[i])) + "\" cy=\"" + number(py(s.y[i])) + "\" r=\"3.5\" fill=\"" +
+               s.colour + "\"/>\n";
+  }
+  return out;
+}
+
+// Charts side by side under a title, one legend (the first chart's series) below them. False if the file could
+// not be written.
+bool write_figure(const char* path, const std::string& title, const std::vector<Chart>& charts) {
+  const double chart_width = kLeft + kPlotWidth + kGap, chart_height = kTop + kPlotHeight + kBottom;
+  const double width = 2 * kMargin + chart_width * static_cast<double>(charts.size()) - kGap;
+  // the legend flows left to right; 7 px per character at 12 px is generous for DejaVu Sans
+  std::string legend;
+  double lx = kMargin + kLeft, row = 0;
+  for (const Series& s : charts.front().series) {
+    const double w = 34 + 7.0 * static_cast<double>(s.name.size()) + 24;
+    if (lx + w > width - kMargin) {
+      lx = kMargin + kLeft;
+      row += 1;
+    }
+    const double y = kMargin + kTitleHeight + chart_height + row * kLegendRow + 10;
+    legend += "<line x1=\"" + number(lx) + "\" y1=\"" + number(y - 4) + "\" x2=\"" + number(lx + 26) + "\" y2=\"" +
+              number(y - 4) + "\" stroke=\"" + s.colour + "\" stroke-width=\"3\"/>\n";
+    legend += text(lx + 32, y, 12, "", s.name);
+    lx += w;
+  }
+  const double height = kMargin + kTitleHeight + chart_height + (row + 1) * kLegendRow + kMargin;
+  std::string svg = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" +
+                    number(width) + "\" height=\"" + number(height) + "\" viewBox=\"0 0 " + number(width) + " " +
+                    number(height) + "\" font-family=\"DejaVu Sans, Verdana, Helvetica, Arial, sans-serif\">\n";
+  svg += "<title>" + title + "</title>\n<rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>\n";
+  svg += text(kMargin, kMargin + 17, 16, "font-weight=\"bold\"", title);
+  for (std::size_t i = 0; i < charts.size(); ++i)
+    svg += chart_svg(charts[i], kMargin + chart_width * static_cast<double>(i), kMargin + kTitleHeight);
+  svg += legend + "</svg>\n";
+  std::ofstream file(path);
+  file << svg;
+  file.close();
+  if (!file) std::fprintf(stderr, "cannot write %s\n", path);
+  return static_cast<bool>(file);
+}
+
+// 0 to a round number above the largest value, ticks every 50 or 100.
+void fit_y(Chart& c, const std::vector<std::vector<double>>& values) {
+  double top = 0;
+  for (const auto& v : values) top = std::max(top, *std::max_element(v.begin(), v.end()));
+  c.y_max = 50 * std::ceil(1.1 * top / 50);
+  const double step = c.y_max > 250 ? 100 : 50;
+  for (double v = 0; v <= c.y_max + 1e-9; v += step) c.y_ticks.push_back(v);
+}
+
+std::vector<double> range(int first, int last) {
+  std::vector<double> v;
+  for (int i = first; i <= last; ++i) v.push_back(i);
+  return v;
+}
+
+bool write_collapse_figure(const Stacks& s) {
+  Chart log_chart, linear_chart;
+  for (Chart* c : {&log_chart, &linear_chart}) {
+    c->x_label = "depth (layers stacked)";
+    c->y_label = "spread ||X \u2212 1 mean(X)|| / ||X||";
+    c->x_max = kDepth;
+    c->x_ticks = {0, 4, 8, 12, 16, 20, 24, 28, 32};
+    for (std::size_t w = 0; w < kWirings; ++w)
+      c->series.push_back({kNames[w], kColours[w], range(0, kDepth), s.spread[w], false});
+  }
+  log_chart.title = "log scale: attention alone collapses";
+  log_chart.log_y = true;
+  log_chart.y_min = 1e-18;
+  log_chart.y_ticks = {1e-16, 1e-12, 1e-8, 1e-4, 1};
+  log_chart.reference_y = 0x1.0p-52;
+  log_chart.reference_label = "rounding (double epsilon)";
+  linear_chart.title = "linear scale: what the residuals keep";
+  linear_chart.y_ticks = {0, 0.2, 0.4, 0.6, 0.8, 1};
+  return write_figure("oversmoothing.svg", "Token spread vs depth at initialisation (L = 32, E = 32, H = 4)",
+               {log_chart, linear_chart});
+}
+
+bool write_gradient_figure(const Gradients& g) {
+  Chart per_layer, by_depth;
+  per_layer.title = "32-layer stack: every layer";
+  per_layer.x_label = "layer (1 = next to the input)";
+  per_layer.y_label = "||d loss / d W2||";
+  per_layer.x_min = 1;
+  per_layer.x_max = kDepth;
+  per_layer.x_ticks = {1, 4, 8, 12, 16, 20, 24, 28, 32};
+  std::vector<double> post, pre;
+  for (std::size_t i = 0; i < g.post.size(); ++i) {
+    post.push_back(g.post[i].linear2);
+    pre.push_back(g.pre[i].linear2);
+  }
+  fit_y(per_layer, {post, pre});
+  per_layer.series = {{"post-norm (PyTorch's default)", kColours[kPost], range(1, kDepth), post, false},
+                      {"pre-norm (+ final LayerNorm)", kColours[kPre], range(1, kDepth), pre, false}};
+  by_depth.title = "the last layer, stacks of 1 to 32 layers";
+  by_depth.x_label = "layers in the stack";
+  by_depth.y_label = "||d loss / d W2|| of the last layer";
+  by_depth.log_x = true;
+  by_depth.x_min = 1;
+  by_depth.x_max = kDepth;
+  by_depth.x_ticks = {1, 2, 4, 8, 16, 32};
+  fit_y(by_depth, {g.top_post, g.top_pre});
+  std::vector<double> sizes(kStackSizes.begin(), kStackSizes.end());
+  by_depth.series = {{"post-norm", kColours[kPost], sizes, g.top_post, true},
+                     {"pre-norm", kColours[kPre], sizes, g.top_pre, true}};
+  return write_figure("oversmoothing_gradients.svg", "Weight gradients at initialisation: post-norm vs pre-norm",
+               {per_layer, by_depth});
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::uint64_t seed = 1;
+  for (int i = 1; i < argc; ++i) {
+    char* end = nullptr;
+    if (std::strcmp(argv[i], "--seed") == 0 && i + 1 < argc) seed = std::strtoull(argv[++i], &end, 10);
+    if (!end || *end != '\0') {
+      std::fprintf(stderr, "usage: %s [--seed N]\n", argv[0]);
+      return 2;
+    }
+  }
+  // The input: N(0, 1) token embeddings plus the sinusoidal position encoding, as the original Transformer's first
+  // layer sees them. Every sequence carries the same positions, so the input's spread is below 1 already.
+  Rng rng(seed);
+  Tensor<T, 3> input = random_normal(rng);
+  const Tensor<T, 2> pe = sinusoidal_encoding<T>(kLength, kEmbed);
+  for (Index l = 0; l < kLength; ++l)
+    for (Index e = 0; e < kEmbed; ++e) input(0, l, e) += pe(l, e);
+  const Tensor<T, 3> upstream = random_normal(rng);  // part 2: G = d loss / d output
+
+  std::printf("Oversmoothing at initialisation: B = 1, L = %td tokens, E = %td, H = %td, F = %td, seed %llu.\n"
+              "Depth d has its own random weights (PyTorch's initialisation); the five wirings share them.\n\n",
+              kLength, kEmbed, kHeads, kFfn, static_cast<unsigned long long>(seed));
+  const Stacks s = run_depths(seed, input);
+  print_depth_table("spread = ||X - 1 mean(X)||_F / ||X||_F (0 when every token is the same vector)",
+                    s.spread, true);
+  std::printf("\n");
+  print_depth_table("sigma2 / sigma1 of X (0: rank one)", s.sigma, false);
+  if (!write_collapse_figure(s)) return 1;
+
+  const Gradients g = run_gradients(s, upstream);
+  std::printf("\nGradient norms ||d loss / d W||_F per layer of the 32-layer stacks, "
+              "loss = sum(G * output), G ~ N(0, 1)\n"
+              "(attention: q, k, v and output weights together; W1, W2: the FFN's linear1 and linear2 weights)\n"
+              "         ----------- post-norm -----------   ----------- pre-norm ------------\n"
+              "  layer    attention         W1         W2    attention         W1         W2\n");
+  for (int d : kPrintedDepths) {
+    if (d == 0) continue;
+    const LayerGradNorms& a = g.post[static_cast<std::size_t>(d - 1)];
+    const LayerGradNorms& b = g.pre[static_cast<std::size_t>(d - 1)];
+    std::printf("  %5d  %11.4g %10.4g %10.4g  %11.4g %10.4g %10.4g\n", d, a.attention, a.linear1, a.linear2,
+                b.attention, b.linear1, b.linear2);
+  }
+  const double post_ratio = g.post.back().linear2 / g.post.front().linear2;
+  const double pre_ratio = g.pre.back().linear2 / g.pre.front().linear2;
+  std::printf("  W2, last layer / first layer: post-norm %.2f, pre-norm %.2f\n", post_ratio, pre_ratio);
+  std::printf("\nThe last layer's ||d loss / d W2||_F in stacks of n layers (the first n of the 32)\n"
+              "      n  post-norm   pre-norm  post / pre   RMS of the pre-norm stream before its final norm\n");
+  for (std::size_t i = 0; i < kStackSizes.size(); ++i)
+    std::printf("  %5d  %9.4g  %9.4g  %10.2f  %9.3g\n", kStackSizes[i], g.top_post[i], g.top_pre[i],
+                g.top_post[i] / g.top_pre[i], g.pre_rms[i]);
+  if (!write_gradient_figure(g)) return 1;
+  std::printf("\nwrote oversmoothing.svg and oversmoothing_gradients.svg\n\n");
+
+  // ---- The verdict ----
+  bool ok = true;
+  const auto check = [&ok](bool passed, const char* claim) {
+    std::printf("  %s  %s\n", passed ? "ok    " : "FAILED", claim);
+    ok = ok && passed;
+  };
+  char line[256];
+  const double collapse = s.spread[0][kDepth] / s.spread[0][1];
+  std::snprintf(line, sizeof line, "attention only collapses: spread at depth 32 / depth 1 = %.2g (needs <= 1e-6)",
+                collapse);
+  check(collapse <= 1e-6, line);
+  double kept_min = 1;
+  for (std::size_t w = 1; w < kWirings; ++w) kept_min = std::min(kept_min, s.spread[w][kDepth] / s.spread[w][0]);
+  std::snprintf(line, sizeof line,
+                "residual wirings keep their tokens apart: spread at depth 32 / input >= %.2f (needs >= 0.05)",
+                kept_min);
+  check(kept_min >= 0.05, line);
+  const double pre_kept = s.spread[kPre][kDepth] / s.spread[kPre][0];
+  std::snprintf(line, sizeof line, "the pre-norm layer keeps most: spread at depth 32 / input = %.2f (needs >= 0.4)",
+                pre_kept);
+  check(pre_kept >= 0.4, line);
+  const std::size_t last = kStackSizes.size() - 1;  // kStackSizes[0] = 1 layer, [last] = 32
+  const double one_layer = g.top_post[0] / g.top_pre[0], deep = g.top_post[last] / g.top_pre[last];
+  std::snprintf(line, sizeof line,
+                "last layer's W2 gradient, post-norm / pre-norm: %.2f in 1 layer, %.2f in 32: grew %.2fx "
+                "(needs >= 1.25x)",
+                one_layer, deep, deep / one_layer);
+  check(deep / one_layer >= 1.25, line);
+  std::snprintf(line, sizeof line,
+                "pre-norm W2 gradients shrink toward the output: last layer / first = %.2f (needs <= 0.8)", pre_ratio);
+  check(pre_ratio <= 0.8, line);
+  std::printf("  (not checked: post-norm's last / first = %.2f; it depends on the draw, see docs/oversmoothing.md)\n",
+              post_ratio);
+  return ok ? 0 : 1;
+}
