@@ -4,10 +4,11 @@
 ///
 /// The public functions (`sdpa_forward`, `sdpa_forward_into`, `sdpa_backward`, `scaled_dot_product_attention`,
 /// `attention_weights`, `linear`, `linear_backward`) are thin templates over their argument types; each forwards
-/// to one function template of the element type alone, which holds the validation and the kernels. Those, and
-/// `MultiHeadAttention<float>` / `<double>`, are declared here as instantiated elsewhere, so a translation unit
-/// that includes this header compiles none of the kernels. Exactly one .cpp file of the program includes
-/// <selfattn/instantiate.hpp>, which defines them:
+/// to one function template of the element type alone, which holds the validation and the kernels. Those, the
+/// layers' norm, activation and feed-forward functions, and `MultiHeadAttention`, `FeedForward`, `LayerNorm` /
+/// `RMSNorm` (their base), `TransformerLayer` and `TransformerStack` of `<float>` / `<double>`, are declared here
+/// as instantiated elsewhere, so a translation unit that includes this header compiles none of the kernels.
+/// Exactly one .cpp file of the program includes <selfattn/instantiate.hpp>, which defines them:
 /// \code
 /// // attention.cpp, the one translation unit that compiles the kernels:
 /// #include <selfattn/instantiate.hpp>
@@ -25,10 +26,16 @@
 #pragma once
 
 #include <selfattn/attention.hpp>
+#include <selfattn/nn/activation.hpp>
+#include <selfattn/nn/feed_forward.hpp>
 #include <selfattn/nn/multihead.hpp>
+#include <selfattn/nn/norm.hpp>
+#include <selfattn/nn/transformer_layer.hpp>
+#include <selfattn/nn/transformer_stack.hpp>
 #include <selfattn/projection.hpp>
 
 #include <array>
+#include <cstdint>
 
 /// \cond SELFATTN_INTERNAL
 // The explicit instantiations of one element type T, behind KEYWORD: `extern template` here (declarations),
@@ -64,7 +71,28 @@
                                                        const std::array<TensorView<const T, 1>, 3>&);             \
   KEYWORD LinearGradients<T> linear_backward<T>(const TensorView<const T, 3>&, const TensorView<const T, 2>&,      \
                                                 const TensorView<const T, 3>&, bool);                              \
-  KEYWORD class MultiHeadAttention<T>
+  KEYWORD class MultiHeadAttention<T>;                                                                             \
+  KEYWORD void detail::norm_forward_into<T>(NormKind, T, const TensorView<const T, 3>&, const TensorView<const T, 1>&, \
+                                            const TensorView<const T, 1>&, const TensorView<T, 3>&,               \
+                                            detail::NormStatistics<T>&);                                           \
+  KEYWORD void detail::norm_backward_into<T>(NormKind, const TensorView<const T, 3>&, const detail::NormStatistics<T>&, \
+                                             const TensorView<const T, 1>&, const TensorView<const T, 3>&,       \
+                                             const TensorView<T, 3>&, const TensorView<T, 1>&,                   \
+                                             const TensorView<T, 1>&);                                             \
+  KEYWORD void detail::activation_forward<T>(Activation, const TensorView<const T, 3>&, const TensorView<T, 3>&);  \
+  KEYWORD void detail::activation_backward<T>(Activation, const TensorView<const T, 3>&, const TensorView<const T, 3>&, \
+                                              const TensorView<T, 3>&);                                           \
+  KEYWORD void detail::feed_forward_forward<T>(Activation, T, std::uint64_t, const TensorView<const T, 3>&,        \
+                                               const detail::FeedForwardWeights<T>&, detail::FeedForwardSaved<T>&, \
+                                               const TensorView<T, 3>&);                                           \
+  KEYWORD Tensor<T, 3> detail::feed_forward_backward<T>(Activation, T, std::uint64_t, const TensorView<const T, 3>&, \
+                                                        const detail::FeedForwardWeights<T>&,                     \
+                                                        const detail::FeedForwardSaved<T>&,                       \
+                                                        const TensorView<const T, 3>&, bool, FeedForwardParams<T>&); \
+  KEYWORD class detail::Normalization<T>;                                                                          \
+  KEYWORD class FeedForward<T>;                                                                                    \
+  KEYWORD class TransformerLayer<T>;                                                                               \
+  KEYWORD class TransformerStack<T>
 
 namespace selfattn {
 SELFATTN_DETAIL_EXPLICIT_INSTANTIATIONS(extern template, float);
