@@ -77,6 +77,28 @@ std::array<Index, Rank> extent_list(const Index (&list)[N]) {
   return extents;
 }
 
+/// Calls `f(offsets)` at the first element of every row (last dimension) of N views of one shape, in
+/// row-major order; `offsets[n]` is in elements of view n, whose strides are `strides[n]`. Nothing when empty.
+template <int Rank, std::size_t N, typename F>
+void for_each_row(const std::array<Index, Rank>& shape, const std::array<std::array<Index, Rank>, N>& strides, F&& f) {
+  for (Index extent : shape)
+    if (extent == 0) return;
+  std::array<Index, Rank> at{};
+  std::array<Index, N> offsets{};
+  while (true) {
+    f(offsets);
+    int d = Rank - 2;  // odometer over every dimension but the last
+    for (; d >= 0; --d) {
+      const auto du = static_cast<std::size_t>(d);
+      for (std::size_t n = 0; n < N; ++n) offsets[n] += strides[n][du];
+      if (++at[du] < shape[du]) break;
+      for (std::size_t n = 0; n < N; ++n) offsets[n] -= shape[du] * strides[n][du];
+      at[du] = 0;
+    }
+    if (d < 0) return;
+  }
+}
+
 }  // namespace detail
 
 /// \brief A non-owning, strided, row-major view of `Rank`-dimensional data of element type `T`.
@@ -363,7 +385,7 @@ class Tensor {
   /// Sets every element to `value`.
   void fill(const T& value) { std::fill(data(), data() + size(), value); }
 
-  /// Copies a view of the same shape into this tensor (element by element; strides may differ). Throws
+  /// Copies a view of the same shape into this tensor (row by row; strides may differ). Throws
   /// std::invalid_argument when the shapes differ.
   void copy_from(const TensorView<const T, Rank>& source) {
     if (source.shape() != shape_)
@@ -375,16 +397,10 @@ class Tensor {
       throw std::invalid_argument(
           "selfattn::Tensor::copy_from: source (a view of " + detail::shape_string<Rank>(source.shape()) +
           ") overlaps the destination tensor's own memory; copy it to a separate tensor first");
-    const Shape dense = strides();
-    for (Index flat = 0; flat < size(); ++flat) {
-      Index rest = flat, offset = 0;
-      for (int d = 0; d < Rank; ++d) {
-        const Index at = rest / dense[static_cast<std::size_t>(d)];
-        rest -= at * dense[static_cast<std::size_t>(d)];
-        offset += at * source.stride(d);
-      }
-      data_[static_cast<std::size_t>(flat)] = source.data()[offset];
-    }
+    const Index n = shape_[Rank - 1];  // row by row: the last dimension is contiguous in both
+    detail::for_each_row<Rank, 2>(shape_, {strides(), source.strides()}, [&](const std::array<Index, 2>& at) {
+      std::copy(source.data() + at[1], source.data() + at[1] + n, data_.get() + at[0]);
+    });
   }
 
  private:
@@ -574,28 +590,6 @@ constexpr bool all_hold = (std::is_same_v<scalar_of<X>, T> && ...);
 /// a wrong argument reaches the entry's static_asserts instead of failing to substitute.
 template <typename X>
 using float_scalar_of = std::conditional_t<std::is_floating_point_v<scalar_of<X>>, scalar_of<X>, float>;
-
-/// Calls `f(offsets)` at the first element of every row (last dimension) of N views of one shape, in
-/// row-major order; `offsets[n]` is in elements of view n, whose strides are `strides[n]`. Nothing when empty.
-template <int Rank, std::size_t N, typename F>
-void for_each_row(const std::array<Index, Rank>& shape, const std::array<std::array<Index, Rank>, N>& strides, F&& f) {
-  for (Index extent : shape)
-    if (extent == 0) return;
-  std::array<Index, Rank> at{};
-  std::array<Index, N> offsets{};
-  while (true) {
-    f(offsets);
-    int d = Rank - 2;  // odometer over every dimension but the last
-    for (; d >= 0; --d) {
-      const auto du = static_cast<std::size_t>(d);
-      for (std::size_t n = 0; n < N; ++n) offsets[n] += strides[n][du];
-      if (++at[du] < shape[du]) break;
-      for (std::size_t n = 0; n < N; ++n) offsets[n] -= shape[du] * strides[n][du];
-      at[du] = 0;
-    }
-    if (d < 0) return;
-  }
-}
 
 /// Whether `+` and `+=` accept X and Y: one element type and one rank (the operators' static_asserts say so in
 /// a sentence, and compile nothing else after them).
