@@ -27,6 +27,7 @@
 #include <selfattn/io/transformer_state_dict.hpp>
 #include <selfattn/merge.hpp>
 #include <selfattn/nn/activation.hpp>
+#include <selfattn/nn/embedding.hpp>
 #include <selfattn/nn/feed_forward.hpp>
 #include <selfattn/nn/kv_cache.hpp>
 #include <selfattn/nn/multihead.hpp>
@@ -38,5 +39,9 @@
 #include <selfattn/positional.hpp>
 #include <selfattn/projection.hpp>
 #include <selfattn/tensor.hpp>
+#include <selfattn/train/adamw.hpp>
+#include <selfattn/train/cross_entropy.hpp>
+#include <selfattn/train/parameters.hpp>
+#include <selfattn/train/schedule.hpp>
 #include <selfattn/version.hpp>
 #include <selfattn/workspace.hpp>

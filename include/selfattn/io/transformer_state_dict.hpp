@@ -10,7 +10,7 @@
 ///     norm1.weight    (E)          norm1.bias    (E)          bias when cfg.bias and LayerNorm
 ///     norm2.weight    (E)          norm2.bias    (E)
 ///
-/// and of a stack: `layers.<i>.` + a layer's names for i = 0 .. N-1, then `norm.weight`, `norm.bias` (the final norm).
+/// and of a stack: `layers.i.` + a layer's names for i = 0 .. N-1 (`layers.0.linear1.weight`), then `norm.weight`, `norm.bias` (the final norm).
 /// Loading is strict, like `load_state_dict(strict=True)`: every key under the prefix must be one of these.
 #pragma once
 
@@ -154,8 +154,10 @@ StateDict<T> transformer_layer_state_dict(const TransformerLayerParams<T>& p, co
   return sd;
 }
 
-/// \brief Maps the state dict of a PyTorch nn.TransformerEncoder (`layers.<i>.*`, `norm.*` under `prefix`) to
-/// TransformerStackParams for `cfg`: strict, every layer and the final norm exactly as configured.
+/// \brief Maps the state dict of a PyTorch nn.TransformerEncoder to TransformerStackParams for `cfg`.
+///
+/// The keys, under `prefix`: those of layer i prefixed with "layers.i." for i = 0 .. N-1 (layers.0.linear1.weight),
+/// then norm.weight and norm.bias. Strict: every layer and the final norm exactly as configured.
 template <typename T>
 TransformerStackParams<T> transformer_stack_params_from_state_dict(const StateDict<T>& sd,
                                                                    const TransformerStackConfig& cfg,
@@ -163,7 +165,7 @@ TransformerStackParams<T> transformer_stack_params_from_state_dict(const StateDi
   const char* fn = "transformer_stack_params_from_state_dict";
   const Index e = cfg.layer.attention.embed_dim;
   const bool norm_bias = cfg.final_norm && cfg.layer.bias && cfg.layer.norm == NormKind::layer_norm;
-  for (const auto& entry : sd) {  // every key: layers.<i>.* with i < N, or the final norm's
+  for (const auto& entry : sd) {  // every key: layers.i.* with i < N, or the final norm's
     if (!detail::has_prefix(entry.first, prefix)) continue;
     const std::string rest = entry.first.substr(prefix.size());
     if ((rest == "norm.weight" && cfg.final_norm) || (rest == "norm.bias" && norm_bias)) continue;
@@ -177,7 +179,7 @@ TransformerStackParams<T> transformer_stack_params_from_state_dict(const StateDi
     }
     if (!layer_key)
       detail::throw_invalid(fn, entry.first,
-                            "unexpected key (expected layers.<i>.* for i < " + std::to_string(cfg.num_layers) +
+                            "unexpected key (expected layers.i.* for i < " + std::to_string(cfg.num_layers) +
                                 (cfg.final_norm ? ", norm.weight or norm.bias)" : "; the stack has no final norm)"));
   }
   TransformerStackParams<T> p;

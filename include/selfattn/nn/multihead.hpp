@@ -380,18 +380,19 @@ class MultiHeadAttention {
       return {};
   }
 
-  /// \name Running with parameters held elsewhere
-  /// The module's configuration (heads, RoPE, ALiBi, dropout in training mode) run with `parameters` in place of
-  /// params(). A TransformerLayer keeps its attention's parameters in its own TransformerLayerParams and runs them
-  /// through these; anyone who keeps several parameter sets for one configuration can do the same. `parameters` must
-  /// have the shapes of params() (checked, ShapeError naming `params().<name>`); backward_with must get the
-  /// parameters its forward_with ran with. Otherwise each behaves exactly as forward(x), backward and step.
+  /// \brief forward(x, opts) (self-attention, x (B, L, E)) with `parameters` in place of params().
+  ///
+  /// The module's configuration (heads, RoPE, ALiBi, dropout in training mode) run with parameters held elsewhere. A
+  /// TransformerLayer keeps its attention's parameters in its own TransformerLayerParams and runs them through
+  /// forward_with, backward_with and step_with; anyone who keeps several parameter sets for one configuration can do
+  /// the same. `parameters` must have the shapes of params() (checked, ShapeError naming `params().<name>`);
+  /// backward_with must get the parameters its forward_with ran with. Otherwise each behaves exactly as forward(x),
+  /// backward and step.
   /// \code
   /// MhaParams<float> other = mha.params();            // a second parameter set, e.g. an average of checkpoints
   /// MhaForward<float> fwd = mha.forward_with(other, x);
   /// MhaGradients<float> g = mha.backward_with(other, dout, fwd);
   /// \endcode
-  ///@{
   template <typename X>
   MhaForward<T> forward_with(const MhaParams<T>& parameters, X&& x, const AttentionOptions<T>& opts = {}) const {
     if constexpr (detail::check_module_arguments<T, X>()) {
@@ -404,6 +405,7 @@ class MultiHeadAttention {
     }
   }
 
+  /// backward(dout, f) with the `parameters` that forward_with ran with (see forward_with).
   template <typename DO>
   MhaGradients<T> backward_with(const MhaParams<T>& parameters, const DO& dout, const MhaForward<T>& f) const {
     if constexpr (detail::check_module_arguments<T, DO>())
@@ -412,6 +414,7 @@ class MultiHeadAttention {
       return {};
   }
 
+  /// step(x_new, cache, opts, new_tokens) with `parameters` in place of params().
   template <typename X>
   Tensor<T, 3> step_with(const MhaParams<T>& parameters, const X& x_new, KVCache<T>& cache,
                          const AttentionOptions<T>& opts = {}, const std::vector<Index>& new_tokens = {}) const {
@@ -420,7 +423,6 @@ class MultiHeadAttention {
     else
       return {};
   }
-  ///@}
 
  private:
   MhaGradients<T> backward_views(const MhaParams<T>& parameters, const TensorView<const T, 3>& dy, const MhaForward<T>& f) const {

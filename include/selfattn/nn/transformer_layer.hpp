@@ -221,11 +221,11 @@ class TransformerLayer {
     return step_with(params_, x_new, cache, opts, new_tokens);
   }
 
-  /// \name Running with parameters held elsewhere
-  /// The layer's configuration run with `parameters` in place of params() (a TransformerStack keeps every layer's
-  /// parameters and runs them through one layer of the configuration). `parameters` must have the shapes of
-  /// params(); backward_with must get the parameters its forward_with ran with.
-  ///@{
+  /// \brief forward(x, opts) with `parameters` in place of params().
+  ///
+  /// The layer's configuration run with parameters held elsewhere: a TransformerStack keeps every layer's parameters
+  /// and runs them through one layer of the configuration. `parameters` must have the shapes of params();
+  /// backward_with must get the parameters its forward_with ran with.
   template <typename X>
   TransformerLayerForward<T> forward_with(const TransformerLayerParams<T>& parameters, X&& x,
                                           const AttentionOptions<T>& opts = {}) const {
@@ -243,6 +243,7 @@ class TransformerLayer {
     return f;
   }
 
+  /// backward(dout, f) with the `parameters` that forward_with ran with.
   template <typename DO>
   TransformerLayerGradients<T> backward_with(const TransformerLayerParams<T>& parameters, const DO& dout,
                                              const TransformerLayerForward<T>& f) const {
@@ -256,6 +257,7 @@ class TransformerLayer {
     return g;
   }
 
+  /// step(x_new, cache, opts, new_tokens) with `parameters` in place of params().
   template <typename X>
   Tensor<T, 3> step_with(const TransformerLayerParams<T>& parameters, const X& x_new, KVCache<T>& cache,
                          const AttentionOptions<T>& opts = {}, const std::vector<Index>& new_tokens = {}) const {
@@ -268,7 +270,6 @@ class TransformerLayer {
     }
     return y;
   }
-  ///@}
 
  private:
   static constexpr const char* forward_name = "TransformerLayer::forward";

@@ -35,7 +35,7 @@ struct TransformerStackConfig {
   bool final_norm = false;       ///< a norm (cfg.layer.norm, cfg.layer.norm_eps) after the last layer
 };
 
-/// \brief The stack's parameters (or their gradients): each layer's, then the final norm's (PyTorch's layers.<i>.*
+/// \brief The stack's parameters (or their gradients): each layer's, then the final norm's (PyTorch's layers.i.*
 /// and norm.weight, norm.bias).
 template <typename T>
 struct TransformerStackParams {

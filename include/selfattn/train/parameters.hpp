@@ -100,7 +100,7 @@ void append_parameters(std::vector<ParameterRef<T>>& list, TransformerStackParam
 
 /// \brief Appends every tensor of a TransformerStack's parameters beside its gradient; on an error `list` is unchanged.
 ///
-/// The names, each starting with `prefix`: layer i's tensors under "layers.<i>." (as for TransformerLayerParams
+/// The names, each starting with `prefix`: layer i's tensors under "layers.i." (as for TransformerLayerParams
 /// below), then the final norm's `norm_weight`, `norm_bias`. Weight decay applies to the matrices only, never to
 /// biases and norm weights (the usual choice for AdamW). Absent tensors (the biases of a module without them) are
 /// skipped. Throws ShapeError naming the tensor when a gradient's shape differs from its parameter's,
