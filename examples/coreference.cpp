@@ -243,73 +243,32 @@ Tensor<T, 3> backward(const Model& m, const Pass& p, Gradients& g) {
 }
 
 // ---- 3. Optimizer: Adam, learning-rate schedule, gradient clipping ----------------------------------
-// Here rather than in a header: the library is attention, and an optimizer belongs to a training loop.
-// These lines are all this example needs; a header would commit the library to an optimizer API
-// (parameter groups, weight decay, saved state) that nothing else in it uses.
-
-struct Slot {  // one parameter tensor and its gradient
-  T* value;
-  T* grad;
-  Index size;
-};
+// The library's training pieces (train/): AdamW without weight decay is Adam; the schedule warms up linearly,
+// then decays along a cosine; clipping scales all gradients together when their global norm exceeds kMaxGradNorm.
 
 // Every trainable tensor beside its gradient, always in this order (Adam matches its moments by position).
-std::vector<Slot> slots(Model& m, Gradients& g) {
-  MhaParams<T>& p = m.attention.params();
-  MhaParams<T>& d = g.attention;
-  std::vector<Slot> list;
-  const auto add = [&list](auto& value, auto& grad) { list.push_back({value.data(), grad.data(), value.size()}); };
-  add(m.embedding, g.embedding);
-  add(p.q_weight, d.q_weight), add(p.k_weight, d.k_weight), add(p.v_weight, d.v_weight);
-  add(p.out_weight, d.out_weight);
-  add(p.q_bias, d.q_bias), add(p.k_bias, d.k_bias), add(p.v_bias, d.v_bias), add(p.out_bias, d.out_bias);
-  add(m.readout_weight, g.readout_weight), add(m.readout_bias, g.readout_bias);
+std::vector<ParameterRef<T>> parameters(Model& m, Gradients& g) {
+  std::vector<ParameterRef<T>> list;
+  add_parameter(list, "embedding", m.embedding, g.embedding, false);
+  add_parameters(list, m.attention.params(), g.attention, "attention.");
+  add_parameter(list, "readout_weight", m.readout_weight, g.readout_weight, false);
+  add_parameter(list, "readout_bias", m.readout_bias, g.readout_bias, false);
   return list;
 }
 
-// Adam (Kingma & Ba, 2015), per element:
-//   m = b1 m + (1 - b1) g          v = b2 v + (1 - b2) g^2
-//   w -= lr * m_hat / (sqrt(v_hat) + eps),   m_hat = m / (1 - b1^t),   v_hat = v / (1 - b2^t)
-// m and v start at 0 and so underestimate early on; the bias correction divides that shrinkage out.
-struct Adam {
-  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
-  std::vector<std::vector<double>> m, v;
-  int t = 0;
-
-  void step(const std::vector<Slot>& params, double lr) {
-    if (m.empty())
-      for (const Slot& s : params) m.emplace_back(s.size, 0.0), v.emplace_back(s.size, 0.0);
-    ++t;
-    const double c1 = 1.0 - std::pow(beta1, t), c2 = 1.0 - std::pow(beta2, t);
-    for (std::size_t i = 0; i < params.size(); ++i)
-      for (std::size_t n = 0; n < m[i].size(); ++n) {
-        const double g = params[i].grad[n];
-        m[i][n] = beta1 * m[i][n] + (1.0 - beta1) * g;
-        v[i][n] = beta2 * v[i][n] + (1.0 - beta2) * g * g;
-        params[i].value[n] -= static_cast<T>(lr * (m[i][n] / c1) / (std::sqrt(v[i][n] / c2) + eps));
-      }
-  }
-};
-
-// Linear warmup from 0 to kPeakLr over kWarmup steps, then cosine decay to kMinLr at kSteps:
-//   lr(s) = kMinLr + (kPeakLr - kMinLr) (1 + cos(pi progress)) / 2,   progress = (s - kWarmup) / (kSteps - kWarmup)
-double learning_rate(int step) {
-  if (step < kWarmup) return kPeakLr * (step + 1) / kWarmup;
-  const double progress = static_cast<double>(step - kWarmup) / (kSteps - kWarmup);
-  return kMinLr + 0.5 * (kPeakLr - kMinLr) * (1.0 + std::cos(3.14159265358979323846 * progress));
+AdamW<T> adam() {
+  AdamWConfig cfg;
+  cfg.weight_decay = 0.0;  // Adam (Kingma & Ba, 2015)
+  return AdamW<T>(cfg);
 }
 
-// Global-norm clipping: when ||g|| over all tensors exceeds max_norm, scale every gradient by max_norm / ||g||
-// (same direction, shorter step). Returns the norm before clipping.
-double clip_global_norm(const std::vector<Slot>& params, double max_norm) {
-  double sum = 0;
-  for (const Slot& s : params)
-    for (Index n = 0; n < s.size; ++n) sum += static_cast<double>(s.grad[n]) * static_cast<double>(s.grad[n]);
-  const double norm = std::sqrt(sum);
-  if (norm > max_norm)
-    for (const Slot& s : params)
-      for (Index n = 0; n < s.size; ++n) s.grad[n] *= static_cast<T>(max_norm / norm);
-  return norm;
+WarmupCosineSchedule schedule() {
+  WarmupCosineSchedule s;
+  s.peak_lr = kPeakLr;
+  s.min_lr = kMinLr;
+  s.warmup_steps = kWarmup;
+  s.total_steps = kSteps;
+  return s;
 }
 
 // ---- 4. Reports: predictions, attention beside saliency, the SVG and CSV ----------------------------
@@ -416,7 +375,8 @@ int main(int argc, char** argv) {
   Model model(seed);
   model.attention.set_training(true);
   Gradients grads;
-  Adam adam;
+  AdamW<T> optimizer = adam();
+  const WarmupCosineSchedule lr_schedule = schedule();
   Rng rng(seed + 2);
   std::vector<std::size_t> order(train.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -434,9 +394,9 @@ int main(int argc, char** argv) {
     }
     const Pass pass = forward(model, batch, static_cast<std::uint64_t>(step), false);
     backward(model, pass, grads);
-    const std::vector<Slot> params = slots(model, grads);
-    clip_global_norm(params, kMaxGradNorm);
-    adam.step(params, learning_rate(step));
+    const std::vector<ParameterRef<T>> params = parameters(model, grads);
+    clip_grad_norm(params, kMaxGradNorm);
+    optimizer.step(params, lr_schedule.learning_rate(step));
 
     interval_loss += loss_of(pass);
     for (std::size_t b = 0; b < batch.size(); ++b) interval_correct += predicted(pass, b) == batch[b]->label;
@@ -445,7 +405,7 @@ int main(int argc, char** argv) {
       const double mean = interval_loss / count;
       const double chance = std::log(static_cast<double>(kAnimals.size()));
       const auto bar = static_cast<std::size_t>(std::lround(40.0 * std::min(1.0, mean / chance)));
-      std::printf("%5d  %.1e  %6.3f     %5.3f   %s\n", step + 1, learning_rate(step), mean,
+      std::printf("%5d  %.1e  %6.3f     %5.3f   %s\n", step + 1, lr_schedule.learning_rate(step), mean,
                   interval_correct / (count * kBatch), std::string(bar, '#').c_str());
       interval_loss = interval_correct = 0;
     }

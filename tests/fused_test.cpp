@@ -17,6 +17,7 @@
 
 #include "support/compare.hpp"
 #include "support/random.hpp"
+#include "support/sanitizers.hpp"
 
 #include <gtest/gtest.h>
 
@@ -369,7 +370,7 @@ TEST(FusedTest, ForwardMatchesReferenceOverRandomSweep) {
   int configs = 0;
   Index longest = 0;
   ErrorTotals out_errors, lse_errors;
-  while (configs < 400) {
+  while (configs < test::sweep_cases(400)) {
     const Config c = sweep_config(random, configs, 4e6, 2.5e5);
     longest = std::max({longest, c.q_len, c.k_len});
     ++configs;
@@ -402,7 +403,7 @@ TEST(FusedTest, BackwardMatchesReferenceOverRandomSweep) {
   int configs = 0;
   Index longest = 0;
   ErrorTotals dq_errors, dk_errors, dv_errors;
-  while (configs < 200) {
+  while (configs < test::sweep_cases(200)) {
     const Config c = sweep_config(random, configs, 1.5e6, 1e5);
     longest = std::max({longest, c.q_len, c.k_len});
     ++configs;

@@ -64,6 +64,21 @@
                                                          const AttentionOptions<T>&);                               \
   KEYWORD void detail::run_forward<T>(const detail::AttentionParams<T>&, const AttentionOptions<T>&,               \
                                       const detail::ForwardOutputs<T>&);                                          \
+  KEYWORD void detail::reference_forward<T>(const detail::AttentionParams<T>&, const detail::ForwardOutputs<T>&);  \
+  KEYWORD void detail::reference_backward<T>(const detail::AttentionParams<T>&, const detail::BackwardTensors<T>&); \
+  KEYWORD void detail::fused_forward<T>(const detail::AttentionParams<T>&, const detail::ForwardOutputs<T>&,         \
+                                        detail::FusedForwardScratch<T>&);                                          \
+  KEYWORD void detail::fused_forward<T>(const detail::AttentionParams<T>&, const detail::ForwardOutputs<T>&);        \
+  KEYWORD void detail::fused_backward<T>(const detail::AttentionParams<T>&, const detail::BackwardTensors<T>&,       \
+                                         detail::FusedBackwardScratch<T>&);                                        \
+  KEYWORD void detail::fused_backward<T>(const detail::AttentionParams<T>&, const detail::BackwardTensors<T>&);      \
+  KEYWORD void detail::decode_forward<T>(const detail::AttentionParams<T>&, const detail::ForwardOutputs<T>&,        \
+                                         detail::DecodePath, detail::DecodeScratch<T>&);                           \
+  KEYWORD void detail::decode_forward<T>(const detail::AttentionParams<T>&, const detail::ForwardOutputs<T>&,        \
+                                         detail::DecodePath);                                                      \
+  KEYWORD void detail::decode_forward<T>(const detail::AttentionParams<T>&, const detail::ForwardOutputs<T>&,        \
+                                         detail::DecodeScratch<T>&);                                               \
+  KEYWORD void detail::decode_forward<T>(const detail::AttentionParams<T>&, const detail::ForwardOutputs<T>&);       \
   KEYWORD void detail::linear_into<T>(const TensorView<const T, 3>&, const TensorView<const T, 2>&,                \
                                       const TensorView<const T, 1>&, const TensorView<T, 3>&);                     \
   KEYWORD Tensor<T, 3> detail::fused_qkv_projection<T>(const TensorView<const T, 3>&,                              \
