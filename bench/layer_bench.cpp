@@ -8,7 +8,8 @@
 //   BM_layer_parts/N/threads:t              the forward's walk run part by part with the library's public pieces, each
 //                                           part timed: counters attention, projections, ffn, norms = share of time
 //   BM_layer_parts_backward/N/threads:t     the same for forward + backward
-//   BM_eigen_gemm_ffn/N/threads:t           the baseline: Eigen's C = A B^T of linear1's shape, (N, E) x (E, F)^T
+//   BM_eigen_gemm_ffn/N/threads:t           the baseline: Eigen's GEMMs of the FFN's two shapes, (N, E) x (F, E)^T and
+//                                           (N, F) x (E, F)^T
 // threads:t sets omp_set_num_threads(t) and Eigen::setNbThreads(t).
 //
 // FLOPs counted (multiply-add = 2): projections 8 N E^2 (Q, K, V, out), FFN 4 N E F, attention 4 N^2 E (QK^T and
@@ -236,15 +237,18 @@ void BM_layer_parts_backward(benchmark::State& state) {
   timer.report(state);
 }
 
-// The baseline: one GEMM of linear1's shape, C (N, F) = A (N, E) B^T with B (F, E), row-major like the layer's.
+// The baseline: Eigen's GEMMs of the FFN's two shapes, row-major like the layer's:
+//   Z (N, F) = X (N, E) W1^T with W1 (F, E);   Y (N, E) = H (N, F) W2^T with W2 (E, F).
 void BM_eigen_gemm_ffn(benchmark::State& state) {
   const Inputs in(state);
-  RowMajorMatrix<float> a(in.n, kEmbed), b(kFfn, kEmbed), c(in.n, kFfn);
-  a.setRandom();
-  b.setRandom();
-  timed(state, 2.0 * static_cast<double>(in.n) * kEmbed * kFfn, [&] {
-    c.noalias() = a * b.transpose();
-    keep(c.data());
+  RowMajorMatrix<float> x(in.n, kEmbed), w1(kFfn, kEmbed), z(in.n, kFfn), w2(kEmbed, kFfn), y(in.n, kEmbed);
+  x.setRandom();
+  w1.setRandom();
+  w2.setRandom();
+  timed(state, 4.0 * static_cast<double>(in.n) * kEmbed * kFfn, [&] {
+    z.noalias() = x * w1.transpose();
+    y.noalias() = z * w2.transpose();
+    keep(y.data());
   });
 }
 

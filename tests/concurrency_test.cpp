@@ -1,6 +1,6 @@
-// Concurrency (issue 6, part 4): many std::threads share ONE const MultiHeadAttention — forward and backward
-// are const — and each decodes with its own KVCache, all at once; every result must equal, bit for bit, the
-// same call made serially. The masks and options the threads read are shared too. Meant to run under
+// Concurrency (issue 6, part 4): many std::threads share ONE const MultiHeadAttention (and one TransformerStack) —
+// forward and backward are const — and each decodes with its own KVCache, all at once; every result must equal,
+// bit for bit, the same call made serially. The masks and options the threads read are shared too. Meant to run under
 // ThreadSanitizer as well (docs/numerics.md, "Thread safety", says how it is built).
 #include <selfattn/selfattn.hpp>
 
@@ -179,6 +179,50 @@ TYPED_TEST(ConcurrencyTest, SdpaCallsSharingInputsEqualSerialCalls) {
     return std::vector<Tensor<T, 4>>{f.out, g.dq, g.dk, g.dv, g.dbias};
   };
   std::vector<std::vector<Tensor<T, 4>>> serial, parallel(thread_count);
+  for (int id = 0; id < thread_count; ++id) serial.push_back(call(id));
+  std::vector<std::thread> threads;
+  for (int id = 0; id < thread_count; ++id)
+    threads.emplace_back([&call, &parallel, id] { parallel[static_cast<std::size_t>(id)] = call(id); });
+  for (std::thread& thread : threads) thread.join();
+  for (int id = 0; id < thread_count; ++id)
+    for (std::size_t n = 0; n < serial[static_cast<std::size_t>(id)].size(); ++n)
+      EXPECT_TRUE(bitwise_equal(parallel[static_cast<std::size_t>(id)][n], serial[static_cast<std::size_t>(id)][n]))
+          << "thread " << id << ", tensor " << n;
+}
+
+// One const TransformerStack (pre-norm, dropout in training mode, GQA and RoPE in the attention) serves every
+// thread: each runs forward and backward, then decodes its own sequence into its own caches; every result equals
+// the same calls made one after another.
+TYPED_TEST(ConcurrencyTest, StackForwardBackwardAndStepOnOneConstStackEqualSerialCalls) {
+  using T = TypeParam;
+  TransformerStackConfig cfg;
+  cfg.layer.attention.embed_dim = 16;
+  cfg.layer.attention.num_heads = 4;
+  cfg.layer.attention.num_kv_heads = 2;
+  cfg.layer.attention.rope_dim = 4;
+  cfg.layer.attention.dropout = 0.1;
+  cfg.layer.ffn_dim = 24;
+  cfg.layer.dropout = 0.2;
+  cfg.layer.norm_first = true;
+  cfg.layer.causal = true;
+  cfg.num_layers = 2;
+  cfg.final_norm = true;
+  TransformerStack<T> stack(cfg, 81);
+  stack.set_training(true);
+  Random random(82);
+  std::vector<Tensor<T, 3>> inputs;
+  for (int id = 0; id < thread_count; ++id) inputs.push_back(random.normal_tensor<T, 3>({2, 6 + id % 3, 16}));
+  const auto call = [&stack, &inputs](int id) {
+    const Tensor<T, 3>& x = inputs[static_cast<std::size_t>(id)];
+    AttentionOptions<T> opts;
+    opts.seed = static_cast<std::uint64_t>(id);
+    const TransformerStackForward<T> f = stack.forward(x, opts);
+    const TransformerStackGradients<T> g = stack.backward(f.output, f);
+    TransformerStackCache<T> cache = stack.make_cache(2);
+    Tensor<T, 3> stepped = stack.step(x, cache);
+    return std::vector<Tensor<T, 3>>{f.output, g.d_input, stepped};
+  };
+  std::vector<std::vector<Tensor<T, 3>>> serial, parallel(thread_count);
   for (int id = 0; id < thread_count; ++id) serial.push_back(call(id));
   std::vector<std::thread> threads;
   for (int id = 0; id < thread_count; ++id)

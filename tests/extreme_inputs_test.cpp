@@ -312,8 +312,8 @@ TYPED_TEST(ExtremeInputsTest, LargeScoresThroughTheModuleForwardBackwardAndStep)
   weights_opts.need_weights = true;
   const auto max_score = [&] {
     const auto f = truth.forward(x, weights_opts);
-    const Tensor<double, 4> q = Tensor<double, 4>(split_heads(TensorView<const double, 3>(f.q.view()), 2));
-    const Tensor<double, 4> k = Tensor<double, 4>(split_heads(TensorView<const double, 3>(f.k.view()), 2));
+    const Tensor<double, 4>& q = f.heads->q;
+    const Tensor<double, 4>& k = f.heads->k;
     double m = 0;
     for (Index b = 0; b < B; ++b)
       for (Index h = 0; h < 2; ++h)

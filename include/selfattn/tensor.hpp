@@ -322,13 +322,17 @@ class Tensor {
   template <std::size_t N>
   explicit Tensor(const Index (&shape)[N]) : Tensor(detail::extent_list<Rank>(shape)) {}
   /// A contiguous copy of a view's elements.
-  explicit Tensor(const TensorView<const T, Rank>& view) : Tensor(view.shape()) { copy_from(view); }
+  explicit Tensor(const TensorView<const T, Rank>& view) : shape_(view.shape()) {
+    detail::check_shape_valid<Rank>(shape_);
+    data_.reset(new T[static_cast<std::size_t>(size())]);  // not zeroed: copy_from writes every element
+    copy_from(view);
+  }
 
   /// A deep copy. A copy of a tensor without storage (default-constructed: "absent") has none either, so it
   /// stays absent.
   Tensor(const Tensor& other) : shape_(other.shape_) {
     if (!other.data_) return;
-    data_.reset(new T[static_cast<std::size_t>(size())]());
+    data_.reset(new T[static_cast<std::size_t>(size())]);  // not zeroed: every element is copied
     std::copy(other.data(), other.data() + size(), data());
   }
   /// Takes the storage; `other` becomes empty.
