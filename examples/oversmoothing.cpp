@@ -26,6 +26,7 @@
 //   (Xiong et al.'s Theorem 1: post-norm's does not depend on the depth, pre-norm's shrinks), and pre-norm's
 //   W2 gradient in the 32-layer stack is at most 0.8x as large in the last layer as in the first.
 // Walk-through and measured tables: docs/oversmoothing.md.
+#include <selfattn/plot/line_chart.hpp>
 #include <selfattn/selfattn.hpp>
 
 #include <Eigen/SVD>
@@ -36,7 +37,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
+#include <exception>
 #include <random>
 #include <string>
 #include <vector>
@@ -224,139 +225,7 @@ Gradients run_gradients(const Stacks& s, const Tensor<T, 3>& g) {
   return r;
 }
 
-// ---- 4. Pictures: line charts, written by hand ---------------------------------------------------------
-
-struct Series {
-  std::string name, colour;
-  std::vector<double> x, y;
-  bool markers = false;
-};
-
-struct Chart {
-  std::string title, x_label, y_label;
-  double x_min = 0, x_max = 1, y_min = 0, y_max = 1;
-  bool log_x = false, log_y = false;
-  std::vector<double> x_ticks, y_ticks;
-  std::vector<Series> series;
-  double reference_y = 0;  // > 0: a dotted horizontal line there, labelled reference_label
-  std::string reference_label;
-};
-
-constexpr double kPlotWidth = 360, kPlotHeight = 240;              // the plotting area of one chart
-constexpr double kLeft = 66, kTop = 30, kBottom = 48, kGap = 24;  // room for tick labels, titles, axis names
-constexpr double kMargin = 14, kTitleHeight = 30, kLegendRow = 20;
-
-std::string number(double v) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.6g", v);
-  return text;
-}
-
-std::string text(double x, double y, double size, const std::string& attributes, const std::string& content) {
-  return "<text x=\"" + number(x) + "\" y=\"" + number(y) + "\" font-size=\"" + number(size) + "\"" +
-         (attributes.empty() ? "" : " " + attributes) + ">" + content + "</text>\n";
-}
-
-// Tick label: 10^k as 10 with a raised exponent (powers), else the plain number.
-std::string tick_label(double v, bool powers) {
-  if (!powers) return number(v);
-  const int k = static_cast<int>(std::lround(std::log10(v)));
-  if (k == 0) return "1";
-  return "10<tspan dy=\"-6\" font-size=\"9\">" + std::string(k < 0 ? "\u2212" : "") + std::to_string(std::abs(k)) +
-         "</tspan>";
-}
-
-double fraction(double v, double lo, double hi, bool log) {
-  const double t = log ? (std::log10(v) - std::log10(lo)) / (std::log10(hi) - std::log10(lo)) : (v - lo) / (hi - lo);
-  return std::clamp(t, 0.0, 1.0);
-}
-
-// One chart with its plotting area's top-left corner at (left + kLeft, top + kTop).
-std::string chart_svg(const Chart& c, double left, double top) {
-  const double x0 = left + kLeft, y0 = top + kTop;
-  const auto px = [&](double v) { return x0 + kPlotWidth * fraction(v, c.x_min, c.x_max, c.log_x); };
-  const auto py = [&](double v) { return y0 + kPlotHeight * (1 - fraction(v, c.y_min, c.y_max, c.log_y)); };
-  std::string out = text(x0, top + 18, 13, "font-weight=\"bold\"", c.title);
-  for (double v : c.y_ticks) {
-    out += "<line x1=\"" + number(x0) + "\" y1=\"" + number(py(v)) + "\" x2=\"" + number(x0 + kPlotWidth) +
-           "\" y2=\"" + number(py(v)) + "\" stroke=\"#e5e5e5\"/>\n";
-    out += text(x0 - 6, py(v) + 4, 11, "text-anchor=\"end\"", tick_label(v, c.log_y));
-  }
-  for (double v : c.x_ticks) {
-    out += "<line x1=\"" + number(px(v)) + "\" y1=\"" + number(y0 + kPlotHeight) + "\" x2=\"" + number(px(v)) +
-           "\" y2=\"" + number(y0 + kPlotHeight + 4) + "\" stroke=\"#555555\"/>\n";
-    out += text(px(v), y0 + kPlotHeight + 17, 11, "text-anchor=\"middle\"", number(v));
-  }
-  out += "<rect x=\"" + number(x0) + "\" y=\"" + number(y0) + "\" width=\"" + number(kPlotWidth) + "\" height=\"" +
-         number(kPlotHeight) + "\" fill=\"none\" stroke=\"#555555\"/>\n";
-  out += text(x0 + kPlotWidth / 2, y0 + kPlotHeight + 38, 12, "text-anchor=\"middle\" fill=\"#333333\"", c.x_label);
-  const double ly = y0 + kPlotHeight / 2, lx = left + 16;
-  out += text(lx, ly, 12,
-              "text-anchor=\"middle\" fill=\"#333333\" transform=\"rotate(-90 " + number(lx) + " " + number(ly) + ")\"",
-              c.y_label);
-  if (c.reference_y > 0) {
-    out += "<line x1=\"" + number(x0) + "\" y1=\"" + number(py(c.reference_y)) + "\" x2=\"" + number(x0 + kPlotWidth) +
-           "\" y2=\"" + number(py(c.reference_y)) + "\" stroke=\"#777777\" stroke-dasharray=\"2 3\"/>\n";
-    out += text(x0 + kPlotWidth - 4, py(c.reference_y) - 5, 10, "text-anchor=\"end\" fill=\"#555555\"",
-                c.reference_label);
-  }
-  for (const Series& s : c.series) {
-    std::string points;
-    for (std::size_t i = 0; i < s.x.size(); ++i) points += number(px(s.x[i])) + "," + number(py(s.y[i])) + " ";
-    out += "<polyline points=\"" + points + "\" fill=\"none\" stroke=\"" + s.colour +
-           "\" stroke-width=\"2\" stroke-linejoin=\"round\"/>\n";
-    if (s.markers)
-      for (std::size_t i = 0; i < s.x.size(); ++i)
-        out += "<circle cx=\"" + number(px(s.x[i])) + "\" cy=\"" + number(py(s.y[i])) + "\" r=\"3.5\" fill=\"" +
-               s.colour + "\"/>\n";
-  }
-  return out;
-}
-
-// Charts side by side under a title, one legend (the first chart's series) below them. False if the file could
-// not be written.
-bool write_figure(const char* path, const std::string& title, const std::vector<Chart>& charts) {
-  const double chart_width = kLeft + kPlotWidth + kGap, chart_height = kTop + kPlotHeight + kBottom;
-  const double width = 2 * kMargin + chart_width * static_cast<double>(charts.size()) - kGap;
-  // the legend flows left to right; 7 px per character at 12 px is generous for DejaVu Sans
-  std::string legend;
-  double lx = kMargin + kLeft, row = 0;
-  for (const Series& s : charts.front().series) {
-    const double w = 34 + 7.0 * static_cast<double>(s.name.size()) + 24;
-    if (lx + w > width - kMargin) {
-      lx = kMargin + kLeft;
-      row += 1;
-    }
-    const double y = kMargin + kTitleHeight + chart_height + row * kLegendRow + 10;
-    legend += "<line x1=\"" + number(lx) + "\" y1=\"" + number(y - 4) + "\" x2=\"" + number(lx + 26) + "\" y2=\"" +
-              number(y - 4) + "\" stroke=\"" + s.colour + "\" stroke-width=\"3\"/>\n";
-    legend += text(lx + 32, y, 12, "", s.name);
-    lx += w;
-  }
-  const double height = kMargin + kTitleHeight + chart_height + (row + 1) * kLegendRow + kMargin;
-  std::string svg = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" +
-                    number(width) + "\" height=\"" + number(height) + "\" viewBox=\"0 0 " + number(width) + " " +
-                    number(height) + "\" font-family=\"DejaVu Sans, Verdana, Helvetica, Arial, sans-serif\">\n";
-  svg += "<title>" + title + "</title>\n<rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>\n";
-  svg += text(kMargin, kMargin + 17, 16, "font-weight=\"bold\"", title);
-  for (std::size_t i = 0; i < charts.size(); ++i)
-    svg += chart_svg(charts[i], kMargin + chart_width * static_cast<double>(i), kMargin + kTitleHeight);
-  svg += legend + "</svg>\n";
-  std::ofstream file(path);
-  file << svg;
-  file.close();
-  if (!file) std::fprintf(stderr, "cannot write %s\n", path);
-  return static_cast<bool>(file);
-}
-
-// 0 to a round number above the largest value, ticks every 50 or 100.
-void fit_y(Chart& c, const std::vector<std::vector<double>>& values) {
-  double top = 0;
-  for (const auto& v : values) top = std::max(top, *std::max_element(v.begin(), v.end()));
-  c.y_max = 50 * std::ceil(1.1 * top / 50);
-  const double step = c.y_max > 250 ? 100 : 50;
-  for (double v = 0; v <= c.y_max + 1e-9; v += step) c.y_ticks.push_back(v);
-}
+// ---- 4. Pictures: line charts (selfattn/plot/line_chart.hpp) -----------------------------------------------
 
 std::vector<double> range(int first, int last) {
   std::vector<double> v;
@@ -364,57 +233,73 @@ std::vector<double> range(int first, int last) {
   return v;
 }
 
+// 0 to a round number above the largest value, ticks every 50 or 100.
+void fit_y(ChartAxis& y, const std::vector<std::vector<double>>& values) {
+  double top = 0;
+  for (const auto& v : values) top = std::max(top, *std::max_element(v.begin(), v.end()));
+  y.min = 0;
+  y.max = 50 * std::ceil(1.1 * top / 50);
+  const double step = y.max > 250 ? 100 : 50;
+  for (double v = 0; v <= y.max + 1e-9; v += step) y.ticks.push_back(v);
+}
+
+// Charts side by side under a title, one legend below them. False if the file could not be written.
+bool write_figure(const char* path, const std::string& title, const std::vector<LineChart>& charts) {
+  LineChartOptions options;
+  options.title = title;
+  try {
+    write_line_charts_svg(path, charts, options);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return false;
+  }
+  return true;
+}
+
 bool write_collapse_figure(const Stacks& s) {
-  Chart log_chart, linear_chart;
-  for (Chart* c : {&log_chart, &linear_chart}) {
-    c->x_label = "depth (layers stacked)";
-    c->y_label = "spread ||X \u2212 1 mean(X)|| / ||X||";
-    c->x_max = kDepth;
-    c->x_ticks = {0, 4, 8, 12, 16, 20, 24, 28, 32};
-    for (std::size_t w = 0; w < kWirings; ++w)
-      c->series.push_back({kNames[w], kColours[w], range(0, kDepth), s.spread[w], false});
+  LineChart log_chart, linear_chart;
+  for (LineChart* c : {&log_chart, &linear_chart}) {
+    c->x = {"depth (layers stacked)", AxisScale::linear, 0, kDepth, {0, 4, 8, 12, 16, 20, 24, 28, 32}};
+    c->y.label = "spread ||X \u2212 1 mean(X)|| / ||X||";
+    for (std::size_t w = 0; w < kWirings; ++w)  // the legend lists each label once: the first chart's
+      c->series.push_back({kNames[w], kColours[w], range(0, kDepth), s.spread[w]});
   }
   log_chart.title = "log scale: attention alone collapses";
-  log_chart.log_y = true;
-  log_chart.y_min = 1e-18;
-  log_chart.y_ticks = {1e-16, 1e-12, 1e-8, 1e-4, 1};
-  log_chart.reference_y = 0x1.0p-52;
-  log_chart.reference_label = "rounding (double epsilon)";
+  log_chart.y.scale = AxisScale::log;
+  log_chart.y.min = 1e-18;
+  log_chart.y.max = 1;
+  log_chart.y.ticks = {1e-16, 1e-12, 1e-8, 1e-4, 1};
+  log_chart.references.push_back({0x1.0p-52, "rounding (double epsilon)"});
   linear_chart.title = "linear scale: what the residuals keep";
-  linear_chart.y_ticks = {0, 0.2, 0.4, 0.6, 0.8, 1};
+  linear_chart.y.min = 0;
+  linear_chart.y.max = 1;
+  linear_chart.y.ticks = {0, 0.2, 0.4, 0.6, 0.8, 1};
   return write_figure("oversmoothing.svg", "Token spread vs depth at initialisation (L = 32, E = 32, H = 4)",
-               {log_chart, linear_chart});
+                      {log_chart, linear_chart});
 }
 
 bool write_gradient_figure(const Gradients& g) {
-  Chart per_layer, by_depth;
+  LineChart per_layer, by_depth;
   per_layer.title = "32-layer stack: every layer";
-  per_layer.x_label = "layer (1 = next to the input)";
-  per_layer.y_label = "||d loss / d W2||";
-  per_layer.x_min = 1;
-  per_layer.x_max = kDepth;
-  per_layer.x_ticks = {1, 4, 8, 12, 16, 20, 24, 28, 32};
+  per_layer.x = {"layer (1 = next to the input)", AxisScale::linear, 1, kDepth, {1, 4, 8, 12, 16, 20, 24, 28, 32}};
+  per_layer.y.label = "||d loss / d W2||";
   std::vector<double> post, pre;
   for (std::size_t i = 0; i < g.post.size(); ++i) {
     post.push_back(g.post[i].linear2);
     pre.push_back(g.pre[i].linear2);
   }
-  fit_y(per_layer, {post, pre});
-  per_layer.series = {{"post-norm (PyTorch's default)", kColours[kPost], range(1, kDepth), post, false},
-                      {"pre-norm (+ final LayerNorm)", kColours[kPre], range(1, kDepth), pre, false}};
+  fit_y(per_layer.y, {post, pre});
+  per_layer.series = {{"post-norm (PyTorch's default)", kColours[kPost], range(1, kDepth), post},
+                      {"pre-norm (+ final LayerNorm)", kColours[kPre], range(1, kDepth), pre}};
   by_depth.title = "the last layer, stacks of 1 to 32 layers";
-  by_depth.x_label = "layers in the stack";
-  by_depth.y_label = "||d loss / d W2|| of the last layer";
-  by_depth.log_x = true;
-  by_depth.x_min = 1;
-  by_depth.x_max = kDepth;
-  by_depth.x_ticks = {1, 2, 4, 8, 16, 32};
-  fit_y(by_depth, {g.top_post, g.top_pre});
-  std::vector<double> sizes(kStackSizes.begin(), kStackSizes.end());
-  by_depth.series = {{"post-norm", kColours[kPost], sizes, g.top_post, true},
-                     {"pre-norm", kColours[kPre], sizes, g.top_pre, true}};
+  by_depth.x = {"layers in the stack", AxisScale::log, 1, kDepth, {1, 2, 4, 8, 16, 32}};
+  by_depth.y.label = "||d loss / d W2|| of the last layer";
+  fit_y(by_depth.y, {g.top_post, g.top_pre});
+  const std::vector<double> sizes(kStackSizes.begin(), kStackSizes.end());
+  // no labels: the same two stacks as in the first chart, whose labels the legend shows
+  by_depth.series = {{"", kColours[kPost], sizes, g.top_post, true}, {"", kColours[kPre], sizes, g.top_pre, true}};
   return write_figure("oversmoothing_gradients.svg", "Weight gradients at initialisation: post-norm vs pre-norm",
-               {per_layer, by_depth});
+                      {per_layer, by_depth});
 }
 
 }  // namespace
