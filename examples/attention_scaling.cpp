@@ -9,13 +9,16 @@
 // runs the library's own softmax, attention_weights(q, k, opts), twice on the same draws: with opts.scale = 1
 // (unscaled) and with the default scale 1 / sqrt(d). It prints, per d: Var(q.k) (with its standard error from
 // the 16 batches), and for each version the mean over rows of the entropy -sum_j p_j log p_j (at most log 64 =
-// 4.16 nats), of the largest weight, and of ||J||_F.
+// 4.16 nats), of the largest weight, of ||J||_F, and of the variance over the row of log p_j = s_j - logsumexp(s)
+// (the variance of the scores softmax was given, read back from its output: about d unscaled, 1 scaled).
 //
 // Usage: attention_scaling [--seed N]     (default seed 1; the same seed prints the same output)
 // Writes scaling.svg (variance, entropy, largest weight and ||J||_F against d) in the current directory.
 // Exits 1 unless
 //   Var(q.k) grows like d: the slope of log Var against log d, fitted over the 7 d, is in [0.95, 1.05], and at
 //     every d the scaled variance Var(q.k) / d is within 4 standard errors of 1;
+//   the library applies the scale: the variance of log p_j over a scaled row, averaged over the rows, is in
+//     [0.9, 1.1] at every d (its noise is about 0.01; a scale of 1/d would give 1/d);
 //   the scale keeps the rows' shape: the scaled mean entropy stays within a band of 0.1 nats over all d (each
 //     mean, over 1024 rows, has a standard error of about 0.01 nats, printed; seeds 1 to 30 gave bands of 0.007
 //     to 0.035);
@@ -74,6 +77,7 @@ struct RowStats {
   double entropy_se = 0;  // its standard error, from the spread of the B batches' means
   double max_weight = 0;  // max_j p_j
   double jacobian = 0;    // ||diag(p) - p p^T||_F
+  double seen = 0;        // variance over j of log p_j = s_j - logsumexp(s): the scores' variance as softmax saw them
 };
 
 RowStats row_stats(const Tensor<T, 4>& p) {
@@ -82,9 +86,12 @@ RowStats row_stats(const Tensor<T, 4>& p) {
   std::array<double, kBatches> batch_entropy{};
   for (Index r = 0; r < rows; ++r) {
     const T* row = p.data() + r * kKeys;
-    double entropy = 0, largest = 0, sum2 = 0, sum3 = 0;
+    double entropy = 0, largest = 0, sum2 = 0, sum3 = 0, log_sum = 0, log_sum2 = 0;
     for (Index j = 0; j < kKeys; ++j) {
       const double pj = row[j];
+      const double log_p = std::log(pj);  // p_j > 0: at d = 1024 unscaled, log p_j is at worst a few hundred below 0
+      log_sum += log_p;
+      log_sum2 += log_p * log_p;
       if (pj > 0) entropy -= pj * std::log(pj);  // 0 log 0 = 0
       largest = std::max(largest, pj);
       sum2 += pj * pj;
@@ -95,10 +102,12 @@ RowStats row_stats(const Tensor<T, 4>& p) {
     batch_entropy[static_cast<std::size_t>(r / kQueries)] += entropy / kQueries;
     s.max_weight += largest;
     s.jacobian += std::sqrt(std::max(0.0, sum2 - 2 * sum3 + sum2 * sum2));
+    s.seen += (log_sum2 - log_sum * log_sum / kKeys) / (kKeys - 1);
   }
   s.entropy /= static_cast<double>(rows);
   s.max_weight /= static_cast<double>(rows);
   s.jacobian /= static_cast<double>(rows);
+  s.seen /= static_cast<double>(rows);
   s.entropy_se = standard_error(batch_entropy);
   return s;
 }
@@ -224,12 +233,15 @@ int main(int argc, char** argv) {
   std::vector<Measurement> ms;
   for (Index d : kDims) ms.push_back(measure(rng, d));
 
-  std::printf("                              ---------- unscaled ----------   ------ scaled by 1/sqrt(d) ------\n"
-              "     d   Var(q.k) +- s.e.   Var/d    entropy  max p   ||J||_F    entropy  max p   ||J||_F\n");
+  std::printf("                                ------------- unscaled -------------   ------ scaled by 1/sqrt(d) ------\n"
+              "     d   Var(q.k) +- s.e.   Var/d       seen  entropy  max p  ||J||_F    seen  entropy  max p  ||J||_F\n");
   for (const Measurement& m : ms)
-    std::printf("  %4td  %9.2f +- %5.2f  %6.3f    %7.3f  %5.3f  %8.4f    %7.3f  %5.3f  %8.4f\n", m.d, m.variance,
-                m.variance_se, m.variance / static_cast<double>(m.d), m.unscaled.entropy, m.unscaled.max_weight,
-                m.unscaled.jacobian, m.scaled.entropy, m.scaled.max_weight, m.scaled.jacobian);
+    std::printf("  %4td  %9.2f +- %5.2f  %6.3f  %9.2f  %7.3f  %5.3f  %7.4f   %5.3f  %7.3f  %5.3f  %7.4f\n", m.d,
+                m.variance, m.variance_se, m.variance / static_cast<double>(m.d), m.unscaled.seen, m.unscaled.entropy,
+                m.unscaled.max_weight, m.unscaled.jacobian, m.scaled.seen, m.scaled.entropy, m.scaled.max_weight,
+                m.scaled.jacobian);
+  std::printf("(seen: the variance over a row of log p_j = s_j - logsumexp(s), the scores softmax was given, "
+              "from the weights)\n");
   if (!write_picture(ms)) return 1;
   std::printf("\nwrote scaling.svg\n\n");
 
@@ -241,7 +253,7 @@ int main(int argc, char** argv) {
   };
   char line[256];
   std::vector<double> d, variance;
-  double worst_z = 0, h_min = 1e300, h_max = -1e300, h_se = 0;
+  double worst_z = 0, h_min = 1e300, h_max = -1e300, h_se = 0, seen_min = 1e300, seen_max = -1e300;
   for (const Measurement& m : ms) {
     d.push_back(static_cast<double>(m.d));
     variance.push_back(m.variance);
@@ -249,6 +261,8 @@ int main(int argc, char** argv) {
     h_min = std::min(h_min, m.scaled.entropy);
     h_max = std::max(h_max, m.scaled.entropy);
     h_se = std::max(h_se, m.scaled.entropy_se);
+    seen_min = std::min(seen_min, m.scaled.seen);
+    seen_max = std::max(seen_max, m.scaled.seen);
   }
   const double slope = log_log_slope(d, variance);
   std::snprintf(line, sizeof line, "Var(q.k) grows like d: log-log slope %.3f (needs 0.95 to 1.05)", slope);
@@ -256,6 +270,11 @@ int main(int argc, char** argv) {
   std::snprintf(line, sizeof line,
                 "scaled variance Var(q.k) / d is 1: at most %.2f standard errors away (needs <= 4)", worst_z);
   check(worst_z <= 4, line);
+  std::snprintf(line, sizeof line,
+                "attention_weights applies 1/sqrt(d): the scaled rows' scores have variance %.3f to %.3f "
+                "(needs 0.9 to 1.1)",
+                seen_min, seen_max);
+  check(seen_min >= 0.9 && seen_max <= 1.1, line);
   std::snprintf(line, sizeof line,
                 "scaled entropy stays flat: %.3f to %.3f nats over d = 16..1024, band %.3f (needs <= 0.1; "
                 "s.e. of one mean <= %.3f)",
