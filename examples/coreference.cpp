@@ -487,9 +487,9 @@ std::string informative_failure(const std::vector<double>& mean, const Sentence&
 void print_it_table(const Pass& p, const Tensor<T, 3>& dx) {
   const Sentence& s = *p.batch[0];
   std::printf("The \"it\" row (query %zu) over every key, per head and averaged over the heads, beside the gradient\n"
-              "saliency |d loss / d embedding row| (loss: -log p of %s %s). A weight says where a head reads\n"
-              "from, the gradient which inputs would move the loss.\n\n  token  ",
-              s.it, s.animal != kNone ? "the target" : "the predicted class,", s.animal != kNone ? "" : "no single animal");
+              "saliency |d loss / d embedding row| (loss: %s). A weight says where a head reads from,\n"
+              "the gradient which inputs would move the loss.\n\n  token  ",
+              s.it, s.animal != kNone ? "-log p[target]" : "-log p[prediction]; no single animal, no target");
   for (Index h = 0; h < kHeads; ++h) std::printf("  head %td", h);
   std::printf("    mean   saliency  share\n");
   const std::vector<double> mean = mean_it_row(p, 0), saliency = saliency_of(dx, 0, s.tokens.size());
@@ -966,9 +966,10 @@ int main(int argc, char** argv) {
   Sentence shown_sentence;
   const std::string problem = parse_sentence(sentence_text, shown_sentence);
   if (!problem.empty()) {
-    std::fprintf(stderr, "%s: %s in --sentence \"%s\"\nthe vocabulary (case is ignored; \".\" is a word): %s\n", argv[0],
-                 problem.c_str(), sentence_text.c_str(),
-                 joined(std::vector<std::string>(kVocabulary.begin() + 1, kVocabulary.end())).c_str());
+    std::fprintf(stderr, "%s: --sentence \"%s\": %s\n", argv[0], sentence_text.c_str(), problem.c_str());
+    if (problem.compare(0, 7, "unknown") == 0)
+      std::fprintf(stderr, "the vocabulary (case is ignored; \".\" is a word): %s\n",
+                   joined(std::vector<std::string>(kVocabulary.begin() + 1, kVocabulary.end())).c_str());
     return 2;
   }
 

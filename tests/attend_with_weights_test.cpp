@@ -139,7 +139,8 @@ TYPED_TEST(AttendWithWeightsTest, UsesTheWeightsAsGivenOnStridedViews) {
   Tensor<T, 3> values = random.normal_tensor<T, 3>({2, 6, 2 * 5});  // (B, Lk, Hkv Dv), Hkv = 2, Dv = 5
   const TensorView<T, 4> v = split_heads(values, 2);                 // (2, 2, 6, 5), strides (60, 5, 10, 1)
   Tensor<T, 4> larger = random.normal_tensor<T, 4>({2, 4, 8, 6});
-  const TensorView<T, 4> weights(larger.data(), {2, 4, 4, 6}, {larger.stride(0), larger.stride(1), 2 * larger.stride(2), 1});
+  const std::array<Index, 4> strides = larger.strides();  // (192, 48, 6, 1)
+  const TensorView<T, 4> weights(larger.data(), {2, 4, 4, 6}, {strides[0], strides[1], 2 * strides[2], 1});
   const Tensor<T, 4> out = attend_with_weights(weights, v);
   EXPECT_EQ(out.shape(), (std::array<Index, 4>{2, 4, 4, 5}));
   EXPECT_TRUE(all_close(out, attend_by_hand(Tensor<T, 4>(TensorView<const T, 4>(weights)), Tensor<T, 4>(TensorView<const T, 4>(v))),
