@@ -183,7 +183,8 @@ int main(int argc, char** argv) {
                 "chance 0.125)",
                 independent.diagonal_fraction);
   check(independent.diagonal_fraction <= 0.25, line);
-  std::snprintf(line, sizeof line, "W_Q = W_K: S is symmetric, ||S - S^T|| / ||S|| <= %.2g in every draw (needs <= 1e-12)",
+  std::snprintf(line, sizeof line,
+                "W_Q = W_K: S is symmetric, ||S - S^T|| / ||S|| <= %.2g in every draw (needs <= 1e-12)",
                 tied.max_asymmetry);
   check(tied.max_asymmetry <= 1e-12, line);
   std::snprintf(line, sizeof line, "W_Q = W_K: a token's largest weight is its own in %.3f of the rows (needs >= 0.8)",

@@ -7,10 +7,11 @@
 // the scores vanish. Scaled by 1 / sqrt(d) the scores have variance 1 at every d, and the row keeps its shape.
 // For d = 16, 32, ..., 1024 this draws 16 batches of 64 queries (16 in an unoptimised build) and 64 keys with
 // N(0, 1) entries and runs the library's own softmax, attention_weights(q, k, opts), twice on the same draws: with
-// opts.scale = 1 (unscaled) and with the default scale 1 / sqrt(d). It prints, per d: Var(q.k) (with its standard error from
-// the 16 batches), and for each version the mean over rows of the entropy -sum_j p_j log p_j (at most log 64 =
-// 4.16 nats), of the largest weight, of ||J||_F, and of the variance over the row of log p_j = s_j - logsumexp(s)
-// (the variance of the scores softmax was given, read back from its output: about d unscaled, 1 scaled).
+// opts.scale = 1 (unscaled) and with the default scale 1 / sqrt(d). It prints, per d: Var(q.k) (with its standard
+// error from the 16 batches), and for each version the mean over rows of the entropy -sum_j p_j log p_j (at most
+// log 64 = 4.16 nats), of the largest weight, of ||J||_F, and of the variance over the row of
+// log p_j = s_j - logsumexp(s) (the variance of the scores softmax was given, read back from its output: about d
+// unscaled, 1 scaled).
 //
 // Usage: attention_scaling [--seed N]     (default seed 1; the same seed prints the same output)
 // Writes scaling.svg (variance, entropy, largest weight and ||J||_F against d) in the current directory.
@@ -239,8 +240,9 @@ int main(int argc, char** argv) {
   std::vector<Measurement> ms;
   for (Index d : kDims) ms.push_back(measure(rng, d));
 
-  std::printf("                                ------------- unscaled -------------   ------ scaled by 1/sqrt(d) ------\n"
-              "     d   Var(q.k) +- s.e.   Var/d       seen  entropy  max p  ||J||_F    seen  entropy  max p  ||J||_F\n");
+  std::printf(
+      "                                ------------- unscaled -------------   ------ scaled by 1/sqrt(d) ------\n"
+      "     d   Var(q.k) +- s.e.   Var/d       seen  entropy  max p  ||J||_F    seen  entropy  max p  ||J||_F\n");
   for (const Measurement& m : ms)
     std::printf("  %4td  %9.2f +- %5.2f  %6.3f  %9.2f  %7.3f  %5.3f  %7.4f   %5.3f  %7.3f  %5.3f  %7.4f\n", m.d,
                 m.variance, m.variance_se, m.variance / static_cast<double>(m.d), m.unscaled.seen, m.unscaled.entropy,

@@ -130,7 +130,8 @@ struct Rect {
 
 std::vector<Rect> plot_areas(const std::string& svg) {
   std::vector<Rect> rects;
-  const std::regex rect("<rect class=\"plot\" x=\"([0-9.]+)\" y=\"([0-9.]+)\" width=\"([0-9.]+)\" height=\"([0-9.]+)\"");
+  const std::regex rect(
+      "<rect class=\"plot\" x=\"([0-9.]+)\" y=\"([0-9.]+)\" width=\"([0-9.]+)\" height=\"([0-9.]+)\"");
   for (auto it = std::sregex_iterator(svg.begin(), svg.end(), rect); it != std::sregex_iterator(); ++it)
     rects.push_back({std::stod((*it)[1]), std::stod((*it)[2]), std::stod((*it)[3]), std::stod((*it)[4])});
   return rects;

@@ -49,11 +49,11 @@ enum class AxisScale {
 /// x.ticks = {16, 32, 64, 128, 256, 512, 1024};  // labelled as written
 /// \endcode
 struct ChartAxis {
-  std::string label;                                        ///< the axis name; empty: none
-  AxisScale scale = AxisScale::linear;                      ///< linear or logarithmic
-  double min = std::numeric_limits<double>::quiet_NaN();    ///< lower end; NaN: from the data
-  double max = std::numeric_limits<double>::quiet_NaN();    ///< upper end; NaN: from the data
-  std::vector<double> ticks;                                ///< tick values (those in the range are drawn); empty: chosen
+  std::string label;                                      ///< the axis name; empty: none
+  AxisScale scale = AxisScale::linear;                    ///< linear or logarithmic
+  double min = std::numeric_limits<double>::quiet_NaN();  ///< lower end; NaN: from the data
+  double max = std::numeric_limits<double>::quiet_NaN();  ///< upper end; NaN: from the data
+  std::vector<double> ticks;  ///< tick values (those in the range are drawn); empty: chosen
 };
 
 /// \brief One curve: points (x[i], y[i]) joined in the given order.
@@ -275,7 +275,8 @@ inline std::vector<ResolvedChart> resolve_charts(const char* function, const std
                                                  const LineChartOptions& o) {
   if (charts.empty()) throw_invalid(function, "charts", "expected at least one chart, got none");
   if (!(o.plot_width >= 80 && o.plot_width <= 2000))
-    throw_invalid(function, "options.plot_width", "expected a width in px in [80, 2000], got " + general_string(o.plot_width));
+    throw_invalid(function, "options.plot_width",
+                  "expected a width in px in [80, 2000], got " + general_string(o.plot_width));
   if (!(o.plot_height >= 60 && o.plot_height <= 2000))
     throw_invalid(function, "options.plot_height",
                   "expected a height in px in [60, 2000], got " + general_string(o.plot_height));
