@@ -573,7 +573,7 @@ class MultiHeadAttention {
   /// E = 512, H = 8); the copy costs a few percent of the projection's GEMM.
   detail::ProjectedHeads<T> project_heads(const MhaParams<T>& parameters, const TensorView<const T, 3>& query,
                                           const TensorView<const T, 3>& key, const TensorView<const T, 3>& value) const {
-    const auto heads = [this](const TensorView<T, 3>& x, Index count) { return Tensor<T, 4>(split_heads(x, count)); };
+    const auto heads = [](const TensorView<T, 3>& x, Index count) { return Tensor<T, 4>(split_heads(x, count)); };
     if (is_self_attention(query, key, value)) {
       Tensor<T, 3> qkv(std::array<Index, 3>{query.dim(0), query.dim(1), projection_width()});
       detail::StackedProjection<T> stacked;
