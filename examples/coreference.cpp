@@ -466,16 +466,16 @@ double effective_keys(const std::vector<double>& row) {
 }
 
 // "Informative, not one-hot", as a rule: the mean "it" row puts its largest weight on the animal, at least 0.4 of
-// it, and less than 0.9. Returns what fails, empty when the rule holds.
-std::string informative_failure(const std::vector<double>& mean, const Sentence& s) {
+// it, and less than 0.9 (with `bounds` false only the first part). Returns what fails, empty when the rule holds.
+std::string informative_failure(const std::vector<double>& mean, const Sentence& s, bool bounds) {
   const auto top = static_cast<std::size_t>(std::max_element(mean.begin(), mean.end()) - mean.begin());
   char text[160];
   if (top != s.animal)
     std::snprintf(text, sizeof text, "the mean \"it\" row's largest weight is on '%s' (%.3f), not on '%s' (%.3f)",
                   s.words[top].c_str(), mean[top], s.words[s.animal].c_str(), mean[s.animal]);
-  else if (mean[top] < 0.4)
+  else if (bounds && mean[top] < 0.4)
     std::snprintf(text, sizeof text, "the mean \"it\" row gives '%s' only %.3f (< 0.4)", s.words[top].c_str(), mean[top]);
-  else if (mean[top] >= 0.9)
+  else if (bounds && mean[top] >= 0.9)
     std::snprintf(text, sizeof text, "the mean \"it\" row is nearly one-hot: %.3f on '%s' (>= 0.9)", mean[top],
                   s.words[top].c_str());
   else
@@ -1062,10 +1062,19 @@ int main(int argc, char** argv) {
               spread / count);
 
   // ---- The shown sentence: its "it" row beside gradient saliency ----
-  const auto same_words = [&](const Sentence& s) { return s.words == shown_sentence.words; };
-  const char* provenance = std::any_of(held_out.begin(), held_out.end(), same_words) ? "a held-out sentence"
-                           : std::any_of(train.begin(), train.end(), same_words) ? "a training sentence"
-                                                                                 : "not one of the generated sentences";
+  // Where the sentence comes from: its (template, animal, place, verb) combination, the object and adjective aside.
+  const auto combination = [](const Sentence& s) {
+    std::vector<std::string> words = s.words;
+    for (std::string& w : words)
+      if (std::count(kObjects.begin(), kObjects.end(), w) + std::count(kAdjectives.begin(), kAdjectives.end(), w) > 0)
+        w = "_";
+    return words;
+  };
+  const auto same_combination = [&](const Sentence& s) { return combination(s) == combination(shown_sentence); };
+  const char* provenance = std::any_of(held_out.begin(), held_out.end(), same_combination) ? "held out"
+                           : std::any_of(train.begin(), train.end(), same_combination)
+                               ? "its template, animal, place and verb are in the training set"
+                               : "not one of the generated sentences";
   Pass one = forward(model, {&shown_sentence}, 0, true);
   if (shown_sentence.animal == kNone) {  // no target: the saliency of the predicted class
     shown_sentence.label = predicted(one, 0);
@@ -1083,14 +1092,21 @@ int main(int argc, char** argv) {
   if (accuracy < 0.95) fail("held-out accuracy below 0.95");
   if (shown_sentence.animal != kNone) {
     const std::vector<double> mean = mean_it_row(one, 0);
-    const std::string informative = informative_failure(mean, shown_sentence);
+    // The bounds are the claim for the classic sentence; another sentence may be harder (or easier) to resolve.
+    Sentence classic_sentence;
+    parse_sentence(kClassicSentence, classic_sentence);
+    const bool classic = shown_sentence.words == classic_sentence.words;
+    const std::string informative = informative_failure(mean, shown_sentence, classic);
     if (predicted(one, 0) != shown_sentence.label) fail("the prediction is not '" + kAnimals[shown_sentence.label] + "'");
-    if (informative.empty())
+    if (!informative.empty())
+      fail(informative);
+    else if (classic)
       std::printf("\ncheck: the mean \"it\" row is informative: largest on '%s' (%.3f, in [0.4, 0.9)), the rest on\n"
                   "%zu other keys\n", shown_sentence.words[shown_sentence.animal].c_str(), mean[shown_sentence.animal],
                   shown_sentence.tokens.size() - 1);
     else
-      fail(informative);
+      std::printf("\ncheck: the mean \"it\" row is largest on '%s' (%.3f; the bounds [0.4, 0.9) are checked on the\n"
+                  "classic sentence)\n", shown_sentence.words[shown_sentence.animal].c_str(), mean[shown_sentence.animal]);
 
     // ---- Counterfactual: another animal in the same sentence; the answer should follow ----
     Sentence swapped = shown_sentence;
