@@ -13,11 +13,11 @@
 //
 // Why one head struggles: its row at "?" is ONE distribution over the keys, so its output is one weighted mean
 // of value vectors. Reading both symbols means splitting the weight between them, and with RoPE the values
-// carry no position (RoPE turns queries and keys only): the mean says which symbols were read, and only the
-// split of the weight, which the head can bend by content but not set per position, says which came first.
-// Two heads each deliver one symbol in their own slice of E, and the readout's logits, additive in the slices,
-// read the pair exactly. (With the sinusoidal encoding added to the input instead, the values carry position,
-// and in our runs one head of width 32 solved the task too: docs/heads.md.)
+// carry no position (RoPE turns queries and keys only): which symbol came first survives only in an unequal
+// split of the weight, blurred by the varying distance to the first symbol and by the weight that leaks to
+// the others. Two heads each deliver one symbol in their own slice of E, and the readout's logits, additive in
+// the slices, read the pair exactly. (With the sinusoidal encoding added to the input instead, the values carry
+// position, and in our runs one head of width 32 solved the task too: docs/heads.md.)
 //
 // Part 1 prints held-out accuracy (the pair, and each half of it) per H. Part 2 prints, per head, the mean
 // attention of the "?" row on the first symbol, the previous symbol, "?" itself and the rest: the heads
@@ -53,23 +53,28 @@ namespace {
 using T = float;
 using Rng = std::mt19937_64;  // its raw output is fixed by the standard; the distributions are not
 
-constexpr Index kSymbols = 6;                   // K: A .. F
-constexpr Index kQuery = kSymbols;              // the "?" token
-constexpr Index kVocab = kSymbols + 1;          // V
-constexpr Index kClasses = kSymbols * kSymbols; // C: the pair (first, previous) as first * K + previous
-constexpr Index kEmbed = 32;                    // E, the same for every H
-constexpr Index kMinLength = 6, kMaxLength = 12;  // tokens, "?" included
 constexpr double kMaxGradNorm = 1.0;
 
-// Sized by the build: optimised, about a second for three models; without optimisation (CI's AddressSanitizer
-// Debug build, where Eigen runs a hundred times slower) fewer and smaller steps, checks unchanged.
-// __OPTIMIZE__: g++ and clang++ from -O1 up.
+// Sized by the build. Optimised: 6 symbols (36 pairs), 6 to 12 tokens, E = 32, H = 1, 2 and 4, 400 steps of 32
+// sequences: about 1.5 s for the three models. Without optimisation (CI's AddressSanitizer Debug build, where
+// Eigen's products run some hundred times slower) a smaller task and model: 4 symbols (16 pairs), 5 to 9 tokens,
+// E = 16, H = 1 and 2 only, 150 steps of 16 sequences at a higher rate. The checks are the same; docs/heads.md
+// gives how often each size passes over seeds. __OPTIMIZE__: g++ and clang++ from -O1 up.
 #ifdef __OPTIMIZE__
+constexpr Index kSymbols = 6, kMinLength = 6, kMaxLength = 12, kEmbed = 32;  // K, tokens ("?" included), E
+const std::vector<Index> kHeadCounts{1, 2, 4};
 constexpr int kSteps = 400, kBatch = 32, kWarmup = 40, kHeldOut = 1000;
+constexpr double kPeakLr = 1e-2;
 #else
-constexpr int kSteps = 300, kBatch = 16, kWarmup = 20, kHeldOut = 300;
+constexpr Index kSymbols = 4, kMinLength = 5, kMaxLength = 9, kEmbed = 16;
+const std::vector<Index> kHeadCounts{1, 2};
+constexpr int kSteps = 150, kBatch = 16, kWarmup = 20, kHeldOut = 300;
+constexpr double kPeakLr = 3e-2;
 #endif
-constexpr double kPeakLr = 1e-2, kMinLr = 2e-4;
+constexpr Index kQuery = kSymbols;               // the "?" token
+constexpr Index kVocab = kSymbols + 1;           // V
+constexpr Index kClasses = kSymbols * kSymbols;  // C: the pair (first, previous) as first * K + previous
+constexpr double kMinLr = 2e-4;
 
 double uniform(Rng& rng, double a) { return a * (2.0 * static_cast<double>(rng() >> 11) * 0x1.0p-53 - 1.0); }
 Index below(Rng& rng, Index n) { return static_cast<Index>(rng() % static_cast<std::uint64_t>(n)); }
@@ -172,7 +177,7 @@ Pass forward(const Model& m, const std::vector<const Sequence*>& batch, bool wei
   p.x = Tensor<T, 3>({static_cast<Index>(batch.size()), length, kEmbed});
   AttentionOptions<T> options;
   for (std::size_t b = 0; b < batch.size(); ++b) {
-    for (std::size_t l = 0; l < batch[b]->tokens.size(); ++l) {  // x = embedding[token]; RoPE adds the position
+    for (std::size_t l = 0; l < batch[b]->tokens.size(); ++l) {  // x = embedding[token]; RoPE brings the position
       const T* row = &m.embedding(batch[b]->tokens[l], 0);
       std::copy(row, row + kEmbed, &p.x(static_cast<Index>(b), static_cast<Index>(l), 0));
     }
@@ -374,14 +379,13 @@ int main(int argc, char** argv) {
   for (std::size_t i = 0; i < 3; ++i) std::printf("  %-26s -> %s\n", text_of(held_out[i]).c_str(), pair_name(held_out[i].label()).c_str());
 
   // ---- Part 1: train H = 1, 2, 4 on the same data ----
-  const std::vector<Index> head_counts{1, 2, 4};
   std::vector<Model> models;
   std::vector<Pass> passes;
   std::vector<Score> scores;
   std::printf("\nPart 1: held-out accuracy (chance: pair 1/%td = %.3f, each half 1/%td = %.3f)\n\n"
               "   H  head dim  train loss  held-out loss  pair acc  first acc  previous acc\n",
               kClasses, 1.0 / static_cast<double>(kClasses), kSymbols, 1.0 / static_cast<double>(kSymbols));
-  for (Index heads : head_counts) {
+  for (Index heads : kHeadCounts) {
     models.emplace_back(heads, seed);
     const double train_loss = train(models.back(), seed * 1000 + 1);
     passes.push_back(forward(models.back(), test, true, false));
@@ -442,8 +446,12 @@ int main(int argc, char** argv) {
   }
 
   // ---- The checks ----
-  const double multi = std::max(scores[1].pair, scores[2].pair);
-  if (scores[1].pair < 0.9 || scores[2].pair < 0.9) failures.push_back("H = 2 or H = 4 below 0.9 held-out pair accuracy");
+  double multi = 0;  // the best of the multi-head models
+  for (std::size_t m = 1; m < models.size(); ++m) {
+    multi = std::max(multi, scores[m].pair);
+    if (scores[m].pair < 0.9)
+      failures.push_back("H = " + std::to_string(models[m].heads()) + " below 0.9 held-out pair accuracy");
+  }
   if (scores[0].pair > multi - 0.2) failures.push_back("one head is not 0.2 below several heads");
   const std::vector<HeadFocus>& two = focus[1];
   const bool split = (carries(two[0]) == Carries::first && carries(two[1]) == Carries::previous) ||
@@ -454,7 +462,9 @@ int main(int argc, char** argv) {
 
   const std::string svg = "multi_head_relations.svg";
   try {
-    write_picture(svg, models, held_out[0]);
+    const auto differs = [](const Sequence& q) { return q.first() != q.previous() && static_cast<Index>(q.tokens.size()) >= kMaxLength - 2; };
+    const auto shown = std::find_if(held_out.begin(), held_out.end(), differs);
+    write_picture(svg, models, shown != held_out.end() ? *shown : held_out[0]);
     std::printf("attention of \"?\" in every model written to %s\n", svg.c_str());
   } catch (const std::runtime_error& e) {
     std::printf("could not write %s: %s\n", svg.c_str(), e.what());
