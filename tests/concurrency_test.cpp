@@ -32,6 +32,23 @@ bool bitwise_equal(const X& a, const X& b) {
          (a.size() == 0 || std::memcmp(a.data(), b.data(), sizeof(*a.data()) * static_cast<std::size_t>(a.size())) == 0);
 }
 
+// Runs call(id) for every thread id one after another, then each on its own std::thread at once, and expects every
+// tensor of the two runs bit for bit the same. call returns a std::vector of tensors.
+template <typename Call>
+void expect_threads_equal_serial_calls(const Call& call) {
+  std::vector<decltype(call(0))> serial, parallel(thread_count);
+  for (int id = 0; id < thread_count; ++id) serial.push_back(call(id));
+  std::vector<std::thread> threads;
+  for (int id = 0; id < thread_count; ++id)
+    threads.emplace_back([&call, &parallel, id] { parallel[static_cast<std::size_t>(id)] = call(id); });
+  for (std::thread& thread : threads) thread.join();
+  for (std::size_t id = 0; id < serial.size(); ++id) {
+    ASSERT_EQ(parallel[id].size(), serial[id].size()) << "thread " << id;
+    for (std::size_t n = 0; n < serial[id].size(); ++n)
+      EXPECT_TRUE(bitwise_equal(parallel[id][n], serial[id][n])) << "thread " << id << ", tensor " << n;
+  }
+}
+
 // A module with every feature that keeps state: grouped-query heads, RoPE, ALiBi, dropout in training mode.
 template <typename T>
 MultiHeadAttention<T> make_module() {
@@ -143,19 +160,7 @@ TYPED_TEST(ConcurrencyTest, StepOnSeparateCachesEqualsSerialDecoding) {
     }
     return outputs;
   };
-  std::vector<std::vector<Tensor<T, 3>>> serial, parallel(thread_count);
-  for (int id = 0; id < thread_count; ++id) serial.push_back(decode(id));
-  std::vector<std::thread> threads;
-  for (int id = 0; id < thread_count; ++id)
-    threads.emplace_back([&decode, &parallel, id] { parallel[static_cast<std::size_t>(id)] = decode(id); });
-  for (std::thread& thread : threads) thread.join();
-
-  for (int id = 0; id < thread_count; ++id) {
-    ASSERT_EQ(parallel[static_cast<std::size_t>(id)].size(), serial[static_cast<std::size_t>(id)].size());
-    for (std::size_t s = 0; s < serial[static_cast<std::size_t>(id)].size(); ++s)
-      EXPECT_TRUE(bitwise_equal(parallel[static_cast<std::size_t>(id)][s], serial[static_cast<std::size_t>(id)][s]))
-          << "thread " << id << ", step " << s;
-  }
+  expect_threads_equal_serial_calls(decode);
 }
 
 // The free functions, forward and backward with both kernels, sharing their inputs and a bias between threads.
@@ -178,16 +183,7 @@ TYPED_TEST(ConcurrencyTest, SdpaCallsSharingInputsEqualSerialCalls) {
     auto g = sdpa_backward(q, k, v, f.out, f.lse, dout, opts);
     return std::vector<Tensor<T, 4>>{f.out, g.dq, g.dk, g.dv, g.dbias};
   };
-  std::vector<std::vector<Tensor<T, 4>>> serial, parallel(thread_count);
-  for (int id = 0; id < thread_count; ++id) serial.push_back(call(id));
-  std::vector<std::thread> threads;
-  for (int id = 0; id < thread_count; ++id)
-    threads.emplace_back([&call, &parallel, id] { parallel[static_cast<std::size_t>(id)] = call(id); });
-  for (std::thread& thread : threads) thread.join();
-  for (int id = 0; id < thread_count; ++id)
-    for (std::size_t n = 0; n < serial[static_cast<std::size_t>(id)].size(); ++n)
-      EXPECT_TRUE(bitwise_equal(parallel[static_cast<std::size_t>(id)][n], serial[static_cast<std::size_t>(id)][n]))
-          << "thread " << id << ", tensor " << n;
+  expect_threads_equal_serial_calls(call);
 }
 
 // One const TransformerStack (pre-norm, dropout in training mode, GQA and RoPE in the attention) serves every
@@ -222,16 +218,7 @@ TYPED_TEST(ConcurrencyTest, StackForwardBackwardAndStepOnOneConstStackEqualSeria
     Tensor<T, 3> stepped = stack.step(x, cache);
     return std::vector<Tensor<T, 3>>{f.output, g.d_input, stepped};
   };
-  std::vector<std::vector<Tensor<T, 3>>> serial, parallel(thread_count);
-  for (int id = 0; id < thread_count; ++id) serial.push_back(call(id));
-  std::vector<std::thread> threads;
-  for (int id = 0; id < thread_count; ++id)
-    threads.emplace_back([&call, &parallel, id] { parallel[static_cast<std::size_t>(id)] = call(id); });
-  for (std::thread& thread : threads) thread.join();
-  for (int id = 0; id < thread_count; ++id)
-    for (std::size_t n = 0; n < serial[static_cast<std::size_t>(id)].size(); ++n)
-      EXPECT_TRUE(bitwise_equal(parallel[static_cast<std::size_t>(id)][n], serial[static_cast<std::size_t>(id)][n]))
-          << "thread " << id << ", tensor " << n;
+  expect_threads_equal_serial_calls(call);
 }
 
 }  // namespace

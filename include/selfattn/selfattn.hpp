@@ -36,6 +36,7 @@
 #include <selfattn/nn/transformer_stack.hpp>
 #include <selfattn/options.hpp>
 #include <selfattn/plot/heatmap.hpp>
+#include <selfattn/plot/line_chart.hpp>
 #include <selfattn/positional.hpp>
 #include <selfattn/projection.hpp>
 #include <selfattn/tensor.hpp>
