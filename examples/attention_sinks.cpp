@@ -225,7 +225,8 @@ void write_picture(const std::string& path, const std::vector<Run>& runs) {
   for (const Run& r : runs) {
     LineChart c;
     c.title = r.name;
-    c.x.label = "position t (first eviction at t = " + std::to_string(kSinks + kWindow) + ")";
+    c.x = {"position t (first eviction at t = " + std::to_string(kSinks + kWindow) + ")", AxisScale::linear, 0.0,
+           static_cast<double>(kStream - 1), {}};
     c.y = {"||y - y_full|| / ||y_full||", AxisScale::log, 1e-6, 1e2, {}};  // a drift of 0 sits at the bottom
     c.series.push_back({"(c) sliding_window(" + std::to_string(kSinks + kWindow) + ")", "#d62728", positions,
                         r.drift_window});
