@@ -50,7 +50,7 @@ using namespace selfattn;
 
 namespace {
 
-using T = float;              // float: 1.3x faster than double here; the printed results are the same
+using T = float;              // float: 0.18 s of CPU against 0.35 s for double at -O2; the same printed output
 using Rng = std::mt19937_64;  // its raw output is fixed by the standard; the distributions are not
 
 constexpr Index kEmbed = 32;  // E
@@ -487,9 +487,9 @@ std::string informative_failure(const std::vector<double>& mean, const Sentence&
 void print_it_table(const Pass& p, const Tensor<T, 3>& dx) {
   const Sentence& s = *p.batch[0];
   std::printf("The \"it\" row (query %zu) over every key, per head and averaged over the heads, beside the gradient\n"
-              "saliency |d loss / d embedding row| (loss: %s). A weight says where a head reads from,\n"
-              "the gradient which inputs would move the loss.\n\n  token  ",
-              s.it, s.animal != kNone ? "-log p[target]" : "-log p[prediction]; no single animal, no target");
+              "saliency |d loss / d embedding row| with loss = %s.\n"
+              "A weight says where a head reads from, the gradient which inputs would move the loss.\n\n  token  ",
+              s.it, s.animal != kNone ? "-log p[target]" : "-log p[prediction] (no single animal: no target)");
   for (Index h = 0; h < kHeads; ++h) std::printf("  head %td", h);
   std::printf("    mean   saliency  share\n");
   const std::vector<double> mean = mean_it_row(p, 0), saliency = saliency_of(dx, 0, s.tokens.size());
