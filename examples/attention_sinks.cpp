@@ -79,7 +79,7 @@ Tensor<T, 3> make_stream(std::uint64_t seed) {
   for (Index t = 1; t < kStream; ++t)
     for (Index e = 1; e < kEmbed; ++e)
       x(0, t, e) = static_cast<T>(t > 1 ? kCorrelation * x(0, t - 1, e) + fresh * uniform(rng, std::sqrt(3.0))
-                                         : uniform(rng, std::sqrt(3.0)));  // stationary from t = 1
+                                        : uniform(rng, std::sqrt(3.0)));  // stationary from t = 1
   return x;
 }
 
@@ -153,8 +153,10 @@ std::vector<Mass> masses_of(const MultiHeadAttention<T>& mha, const Tensor<T, 3>
     for (Index h = 0; h < kHeads; ++h)
       for (Index j = 0; j <= t; ++j) {
         const double w = fwd.weights(0, h, t, j);
-        if (j < kSinks) m.sinks += w;
-        else if (j <= t - kWindow) m.evicted += w;
+        if (j < kSinks)
+          m.sinks += w;
+        else if (j <= t - kWindow)
+          m.evicted += w;
       }
     m.sinks /= static_cast<double>(kHeads);
     m.evicted /= static_cast<double>(kHeads);
@@ -201,8 +203,9 @@ Run run_model(const std::string& name, const MultiHeadAttention<T>& mha, const T
   r.mean_mass.sinks /= after;
   r.mean_mass.evicted /= after;
 
-  std::printf("\n%s\n\n  position  (a) mass on first %td  on evicted  drift (b) sinks + window  drift (c) window only\n",
-              name.c_str(), kSinks);
+  std::printf(
+      "\n%s\n\n  position  (a) mass on first %td  on evicted  drift (b) sinks + window  drift (c) window only\n",
+      name.c_str(), kSinks);
   for (Index t : shown) {
     const Mass& mass = masses[static_cast<std::size_t>(t)];
     std::printf("  %8td  %18.3f  %10.2e  %23.2e  %21.2e\n", t, mass.sinks, mass.evicted,
@@ -225,11 +228,12 @@ void write_picture(const std::string& path, const std::vector<Run>& runs) {
   for (const Run& r : runs) {
     LineChart c;
     c.title = r.name;
-    c.x = {"position t (first eviction at t = " + std::to_string(kSinks + kWindow) + ")", AxisScale::linear, 0.0,
-           static_cast<double>(kStream - 1), {}};
+    c.x.label = "position t (first eviction at t = " + std::to_string(kSinks + kWindow) + ")";
+    c.x.min = 0;
+    c.x.max = static_cast<double>(kStream - 1);
     c.y = {"||y - y_full|| / ||y_full||", AxisScale::log, 1e-6, 1e2, {}};  // a drift of 0 sits at the bottom
-    c.series.push_back({"(c) sliding_window(" + std::to_string(kSinks + kWindow) + ")", "#d62728", positions,
-                        r.drift_window});
+    c.series.push_back(
+        {"(c) sliding_window(" + std::to_string(kSinks + kWindow) + ")", "#d62728", positions, r.drift_window});
     c.series.push_back({"(b) attention_sinks(" + std::to_string(kSinks) + ", " + std::to_string(kWindow) + ")",
                         "#1f77b4", positions, r.drift_sinks});
     charts.push_back(std::move(c));
@@ -254,13 +258,14 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  std::printf("Attention sinks in a KV cache: one layer, E = %td, H = %td, D = %td; a stream of %td slowly drifting\n"
-              "tokens (BOS first) through step, one token at a time, seed %llu. BUILT, not trained: W_q = W_k makes\n"
-              "attention local, and every query scores the BOS key at exactly c = %.1f, so BOS is a sink; its value\n"
-              "is small. The control is the same local layer without the sink.\n"
-              "(a) keep_all   (b) attention_sinks(%td, %td)   (c) sliding_window(%td): (b) and (c) hold the same memory\n",
-              kEmbed, kHeads, kHeadDim, kStream, static_cast<unsigned long long>(seed), kSinkLogit, kSinks, kWindow,
-              kSinks + kWindow);
+  std::printf(
+      "Attention sinks in a KV cache: one layer, E = %td, H = %td, D = %td; a stream of %td slowly drifting\n"
+      "tokens (BOS first) through step, one token at a time, seed %llu. BUILT, not trained: W_q = W_k makes\n"
+      "attention local, and every query scores the BOS key at exactly c = %.1f, so BOS is a sink; its value\n"
+      "is small. The control is the same local layer without the sink.\n"
+      "(a) keep_all   (b) attention_sinks(%td, %td)   (c) sliding_window(%td): (b) and (c) hold the same memory\n",
+      kEmbed, kHeads, kHeadDim, kStream, static_cast<unsigned long long>(seed), kSinkLogit, kSinks, kWindow,
+      kSinks + kWindow);
   const Tensor<T, 3> x = make_stream(seed * 1000 + 1);
   std::vector<Index> shown{kSinks + kWindow - 1, kSinks + kWindow};
   for (Index t = 128; t < kStream; t *= 2) shown.push_back(t);
@@ -269,7 +274,8 @@ int main(int argc, char** argv) {
   shown.erase(std::unique(shown.begin(), shown.end()), shown.end());
 
   std::vector<Run> runs;
-  runs.push_back(run_model("Sink model (local attention, and every query gives BOS the score c)", make_layer(seed, true), x, shown));
+  runs.push_back(run_model("Sink model (local attention, and every query gives BOS the score c)",
+                           make_layer(seed, true), x, shown));
   runs.push_back(run_model("Control (the same local layer, no sink)", make_layer(seed, false), x, shown));
   const Run& sink = runs[0];
   const Run& control = runs[1];
@@ -279,19 +285,22 @@ int main(int argc, char** argv) {
   // (c)'s at every position; in the control, where they take almost nothing, keeping them changes little: the
   // ratio of mean drifts within [0.5, 2]. Before the first eviction all three caches hold the same tokens.
   std::vector<std::string> failures;
-  const double sink_ratio = sink.mean_window / sink.mean_sinks, control_ratio = control.mean_window / control.mean_sinks;
+  const double sink_ratio = sink.mean_window / sink.mean_sinks,
+               control_ratio = control.mean_window / control.mean_sinks;
   if (std::max(sink.before_eviction, control.before_eviction) > 1e-5)
     failures.push_back("before the first eviction the evicting caches do not equal the full one");
-  if (!(sink.mean_mass.sinks >= 0.5)) failures.push_back("the first tokens hold less than half of the sink model's attention");
+  if (!(sink.mean_mass.sinks >= 0.5))
+    failures.push_back("the first tokens hold less than half of the sink model's attention");
   if (!(sink_ratio >= 10)) failures.push_back("keeping the sinks does not cut the mean drift to a tenth");
   if (sink.sinks_worse > 0) failures.push_back("with the sinks kept, some positions drift as much as without them");
   if (!(control_ratio >= 0.5 && control_ratio <= 2))
     failures.push_back("in the control, keeping the first tokens changes the drift by more than a factor 2");
-  std::printf("\ncheck: sink model: mass on the first %td %.3f (needed >= 0.5), drift ratio (c) / (b) %.1f (needed >= 10),\n"
-              "       (b) >= (c) at %td positions (needed 0); control: ratio %.2f (needed in [0.5, 2]);\n"
-              "       before the first eviction the largest drift is %.1e (needed <= 1e-5)\n",
-              kSinks, sink.mean_mass.sinks, sink_ratio, sink.sinks_worse, control_ratio,
-              std::max(sink.before_eviction, control.before_eviction));
+  std::printf(
+      "\ncheck: sink model: mass on the first %td %.3f (needed >= 0.5), drift ratio (c) / (b) %.1f (needed >= 10),\n"
+      "       (b) >= (c) at %td positions (needed 0); control: ratio %.2f (needed in [0.5, 2]);\n"
+      "       before the first eviction the largest drift is %.1e (needed <= 1e-5)\n",
+      kSinks, sink.mean_mass.sinks, sink_ratio, sink.sinks_worse, control_ratio,
+      std::max(sink.before_eviction, control.before_eviction));
   try {
     write_picture("attention_sinks.svg", runs);
     std::printf("drift against position written to attention_sinks.svg\n");

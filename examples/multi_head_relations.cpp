@@ -1,8 +1,9 @@
 // multi_head_relations.cpp — one head against several on a task that needs two relations at once, and what
 // pruning each head of the trained models costs.
 //
-// The task. A sequence of 5 to 11 symbols from {A, B, C, D, E, F}, then a query marker "?": the answer is the
-// PAIR (first symbol, symbol right before "?"), one of 36 classes. "C A F F B E ?" -> (C, E). The two symbols
+// The task (the sizes of an optimised build; the -O0 build runs a smaller one, see "Sized by the build").
+// A sequence of 5 to 11 symbols from {A, B, C, D, E, F}, then a query marker "?": the answer is the PAIR
+// (first symbol, symbol right before "?"), one of 36 classes. "C A F F B E ?" -> (C, E). The two symbols
 // are found by two different rules, one absolute (position 0) and one relative (the position before me), and
 // the sequence length varies so neither is a fixed column. The model: a learned token embedding, ONE
 // MultiHeadAttention layer (E = 32) with RoPE on the whole head, and a linear readout from the layer's output
@@ -13,7 +14,7 @@
 //
 // Why one head struggles: its row at "?" is ONE distribution over the keys, so its output is one weighted mean
 // of value vectors. Reading both symbols means splitting the weight between them, and with RoPE the values
-// carry no position (RoPE turns queries and keys only): which symbol came first survives only in an unequal
+// carry no position (RoPE rotates queries and keys only): which symbol came first survives only in an unequal
 // split of the weight, blurred by the varying distance to the first symbol and by the weight that leaks to
 // the others. Two heads each deliver one symbol in their own slice of E, and the readout's logits, additive in
 // the slices, read the pair exactly. (With the sinusoidal encoding added to the input instead, the values carry
@@ -21,7 +22,7 @@
 //
 // Part 1 prints held-out accuracy (the pair, and each half of it) per H. Part 2 prints, per head, the mean
 // attention of the "?" row on the first symbol, the previous symbol, "?" itself and the rest: the heads
-// specialise. Part 3 prunes: each head of the H = 2 and H = 4 models is masked in turn (its slice of the
+// specialise. Part 3 prunes: each head of every multi-head model is masked in turn (its slice of the
 // merged heads zeroed before the output projection) and the held-out accuracy and loss are measured again.
 // The rule, fixed before measuring and derived from attention alone: a head "carries" a rule when its mean
 // weight on that rule's position is >= 0.5; pruning the only head that carries a rule must drop that half's
@@ -30,12 +31,14 @@
 //
 // Usage: multi_head_relations [--seed N]   (default seed 1; the same seed prints the same output)
 // Writes multi_head_relations.svg (the "?" row of every head of each model, on one held-out sequence) in the
-// current directory. Exits 1 (with the reason) unless: H = 2 and H = 4 reach held-out pair accuracy >= 0.9;
-// H = 1 stays at least 0.2 below the best of them; in the H = 2 model one head carries the first symbol and the
-// other the previous one; and the pruning rule above holds in both models. Walk-through: docs/heads.md.
+// current directory. Exits 1 (with the reason) unless: every multi-head model reaches held-out pair accuracy
+// >= 0.9; H = 1 stays at least 0.2 below the best of them; in the H = 2 model one head carries the first symbol
+// and the other the previous one; and the pruning rule above holds in every multi-head model.
+// Walk-through: docs/heads.md.
 #include <selfattn/selfattn.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -83,7 +86,9 @@ Index below(Rng& rng, Index n) { return static_cast<Index>(rng() % static_cast<s
 
 struct Sequence {
   std::vector<Index> tokens;  // symbols, then kQuery last
-  Index query() const { return static_cast<Index>(tokens.size()) - 1; }  // position of "?"
+
+  // The position of "?".
+  Index query() const { return static_cast<Index>(tokens.size()) - 1; }
   Index first() const { return tokens[0]; }
   Index previous() const { return tokens[static_cast<std::size_t>(query() - 1)]; }
   Index label() const { return first() * kSymbols + previous(); }
@@ -104,18 +109,19 @@ std::string text_of(const Sequence& s) {
 }
 
 std::string pair_name(Index label) {
-  return "(" + std::string(1, char('A' + label / kSymbols)) + ", " + std::string(1, char('A' + label % kSymbols)) +
-         ")";
+  return "(" + std::string(1, char('A' + label / kSymbols)) + ", " + std::string(1, char('A' + label % kSymbols)) + ")";
 }
 
 // ---- 2. Model -------------------------------------------------------------------------------------------------
 
 struct Model {
   Model(Index heads, std::uint64_t seed)
-      : embedding({kVocab, kEmbed}), attention(config(heads), seed), readout_weight({kClasses, kEmbed}),
+      : embedding({kVocab, kEmbed}),
+        attention(config(heads), seed),
+        readout_weight({kClasses, kEmbed}),
         readout_bias(std::array<Index, 1>{kClasses}) {
     Rng rng(seed + 1);
-    // Embeddings U(-1, 1), the scale of the position encoding; the readout as nn.Linear initialises it.
+    // Embeddings U(-1, 1); the readout as nn.Linear initialises it.
     for (Index n = 0; n < embedding.size(); ++n) embedding.data()[n] = static_cast<T>(uniform(rng, 1.0));
     for (Index n = 0; n < readout_weight.size(); ++n)
       readout_weight.data()[n] = static_cast<T>(uniform(rng, 1.0 / std::sqrt(static_cast<double>(kEmbed))));
@@ -144,12 +150,12 @@ struct Gradients {
 
 struct Pass {
   std::vector<const Sequence*> batch;
-  Tensor<T, 3> x;            // (B, L, E): embedding[token], L = the longest sequence
-  MhaForward<T> attention;   // output (B, L, E); weights (B, H, L, L) when asked for
-  Tensor<T, 3> query_output; // (1, B, E): the layer's output at each sequence's "?"
-  Tensor<T, 3> logits;       // (1, B, C)
-  Tensor<Index, 2> targets;  // (1, B)
-  CrossEntropy<T> loss;      // mean loss and d logits
+  Tensor<T, 3> x;             // (B, L, E): embedding[token], L = the longest sequence
+  MhaForward<T> attention;    // output (B, L, E); weights (B, H, L, L) when asked for
+  Tensor<T, 3> query_output;  // (1, B, E): the layer's output at each sequence's "?"
+  Tensor<T, 3> logits;        // (1, B, C)
+  Tensor<Index, 2> targets;   // (1, B)
+  CrossEntropy<T> loss;       // mean loss and d logits
 };
 
 // The readout from an attention output (B, L, E): gathers the rows at "?" and scores the pairs.
@@ -197,7 +203,8 @@ void backward(const Model& m, const Pass& p, Gradients& g) {
   g.readout_bias = std::move(readout.dbias);
   Tensor<T, 3> d_output(p.attention.output.shape());  // the gather's backward: scatter into zeros
   for (Index b = 0; b < n; ++b)
-    std::copy(&readout.dx(0, b, 0), &readout.dx(0, b, 0) + kEmbed, &d_output(b, p.batch[static_cast<std::size_t>(b)]->query(), 0));
+    std::copy(&readout.dx(0, b, 0), &readout.dx(0, b, 0) + kEmbed,
+              &d_output(b, p.batch[static_cast<std::size_t>(b)]->query(), 0));
   MhaGradients<T> att = m.attention.backward(d_output, p.attention);
   g.attention = std::move(att.params);
   // x feeds query, key and value: dx = d_query + d_key + d_value, added into each token's embedding row.
@@ -341,8 +348,8 @@ void write_picture(const std::string& path, const std::vector<Model>& models, co
       heads.push_back("head " + std::to_string(h));
       for (Index j = 0; j < rows.dim(1); ++j) rows(h, j) = p.attention.weights(0, h, s.query(), j);
     }
-    HeatmapPanel panel = make_heatmap_panel(rows, heads, labels,
-                                            "H = " + std::to_string(m.heads()) + ": the \"?\" row of every head");
+    HeatmapPanel panel =
+        make_heatmap_panel(rows, heads, labels, "H = " + std::to_string(m.heads()) + ": the \"?\" row of every head");
     panel.row_axis = "";
     panel.column_axis = "";
     panel.bold_column_labels = {0, static_cast<Index>(s.tokens.size()) - 2};
@@ -372,19 +379,22 @@ int main(int argc, char** argv) {
   std::vector<const Sequence*> test;
   for (const Sequence& s : held_out) test.push_back(&s);
 
-  std::printf("Two relations at once: the answer at \"?\" is the pair (first symbol, symbol before \"?\"),\n"
-              "%td classes; sequences of %td to %td tokens; E = %td for every model; %d steps of %d sequences,\n"
-              "%d held-out sequences, seed %llu. For example:\n",
-              kClasses, kMinLength, kMaxLength, kEmbed, kSteps, kBatch, kHeldOut, static_cast<unsigned long long>(seed));
-  for (std::size_t i = 0; i < 3; ++i) std::printf("  %-26s -> %s\n", text_of(held_out[i]).c_str(), pair_name(held_out[i].label()).c_str());
+  std::printf(
+      "Two relations at once: the answer at \"?\" is the pair (first symbol, symbol before \"?\"),\n"
+      "%td classes; sequences of %td to %td tokens; E = %td for every model; %d steps of %d sequences,\n"
+      "%d held-out sequences, seed %llu. For example:\n",
+      kClasses, kMinLength, kMaxLength, kEmbed, kSteps, kBatch, kHeldOut, static_cast<unsigned long long>(seed));
+  for (std::size_t i = 0; i < 3; ++i)
+    std::printf("  %-26s -> %s\n", text_of(held_out[i]).c_str(), pair_name(held_out[i].label()).c_str());
 
   // ---- Part 1: train H = 1, 2, 4 on the same data ----
   std::vector<Model> models;
   std::vector<Pass> passes;
   std::vector<Score> scores;
-  std::printf("\nPart 1: held-out accuracy (chance: pair 1/%td = %.3f, each half 1/%td = %.3f)\n\n"
-              "   H  head dim  train loss  held-out loss  pair acc  first acc  previous acc\n",
-              kClasses, 1.0 / static_cast<double>(kClasses), kSymbols, 1.0 / static_cast<double>(kSymbols));
+  std::printf(
+      "\nPart 1: held-out accuracy (chance: pair 1/%td = %.3f, each half 1/%td = %.3f)\n\n"
+      "   H  head dim  train loss  held-out loss  pair acc  first acc  previous acc\n",
+      kClasses, 1.0 / static_cast<double>(kClasses), kSymbols, 1.0 / static_cast<double>(kSymbols));
   for (Index heads : kHeadCounts) {
     models.emplace_back(heads, seed);
     const double train_loss = train(models.back(), seed * 1000 + 1);
@@ -396,8 +406,10 @@ int main(int argc, char** argv) {
   }
 
   // ---- Part 2: what each head attends to ----
-  std::printf("\nPart 2: mean attention of the \"?\" row per head (held-out), and the rule it carries (weight >= %.1f)\n\n"
-              "   H  head   first  previous    self    rest  carries\n", kCarryWeight);
+  std::printf(
+      "\nPart 2: mean attention of the \"?\" row per head (held-out), and the rule it carries (weight >= %.1f)\n\n"
+      "   H  head   first  previous    self    rest  carries\n",
+      kCarryWeight);
   std::vector<std::vector<HeadFocus>> focus;
   for (std::size_t m = 0; m < models.size(); ++m) {
     focus.push_back(head_focus(passes[m], models[m].heads()));
@@ -409,8 +421,9 @@ int main(int argc, char** argv) {
   }
 
   // ---- Part 3: prune each head of the multi-head models ----
-  std::printf("\nPart 3: each head masked in turn (its slice of the merged heads zeroed before the output projection)\n\n"
-              "   H  pruned  carries    sole  pair acc  first acc  previous acc  held-out loss  d loss\n");
+  std::printf(
+      "\nPart 3: each head masked in turn (its slice of the merged heads zeroed before the output projection)\n\n"
+      "   H  pruned  carries    sole  pair acc  first acc  previous acc  held-out loss  d loss\n");
   std::vector<std::string> failures;
   for (std::size_t m = 1; m < models.size(); ++m) {
     const Model& model = models[m];
@@ -457,12 +470,15 @@ int main(int argc, char** argv) {
   const bool split = (carries(two[0]) == Carries::first && carries(two[1]) == Carries::previous) ||
                      (carries(two[0]) == Carries::previous && carries(two[1]) == Carries::first);
   if (!split) failures.push_back("the two heads of H = 2 do not split the rules between them");
-  std::printf("\ncheck: several heads %.3f against one %.3f (margin %.3f, needed 0.2); H = 2 heads split the rules: %s\n",
-              multi, scores[0].pair, multi - scores[0].pair, split ? "yes" : "no");
+  std::printf(
+      "\ncheck: several heads %.3f against one %.3f (margin %.3f, needed 0.2); H = 2 heads split the rules: %s\n",
+      multi, scores[0].pair, multi - scores[0].pair, split ? "yes" : "no");
 
   const std::string svg = "multi_head_relations.svg";
   try {
-    const auto differs = [](const Sequence& q) { return q.first() != q.previous() && static_cast<Index>(q.tokens.size()) >= kMaxLength - 2; };
+    const auto differs = [](const Sequence& q) {
+      return q.first() != q.previous() && static_cast<Index>(q.tokens.size()) >= kMaxLength - 2;
+    };
     const auto shown = std::find_if(held_out.begin(), held_out.end(), differs);
     write_picture(svg, models, shown != held_out.end() ? *shown : held_out[0]);
     std::printf("attention of \"?\" in every model written to %s\n", svg.c_str());
