@@ -22,10 +22,11 @@
 //   --save FILE    write the trained model to FILE (text); --load FILE: read it instead of training (the
 //                  file's seed then chooses the data)
 // Writes coreference_attention.svg and .csv (and coreference_explanation.svg with --explain) in the current
-// directory. Exit status: 2 for a bad command line, an unknown word (named, with the vocabulary) or an unreadable
-// model file, before any training; 1 when a claim fails: held-out accuracy below 0.95 (after training); for the
-// shown sentence, when it has one animal: the prediction is not that animal, or the mean "it" row is not
-// informative (largest weight on the animal, at least 0.4 and below 0.9); with --explain, see explain().
+// directory. Exit status: 2 for a bad command line, a sentence with an unknown word (named, with the vocabulary)
+// or without "it", or an unreadable model file, all before any training; 1 when a claim fails: held-out accuracy
+// below 0.95 (trained or loaded); for a shown sentence with one animal, a prediction other than that animal or a mean
+// "it" row whose largest weight is elsewhere; for the classic sentence, a mean "it" row that is not informative
+// (largest weight on "cat", at least 0.4 and below 0.9); with --explain, the checks listed above explain().
 // Walk-throughs: docs/training.md (the model and its training), docs/explanation.md (--explain).
 #include <selfattn/attend_with_weights.hpp>
 #include <selfattn/selfattn.hpp>
@@ -55,12 +56,12 @@ using Rng = std::mt19937_64;  // its raw output is fixed by the standard; the di
 
 constexpr Index kEmbed = 32;  // E
 constexpr Index kHeads = 4;   // H, head dim 8
-// Attention scores are divided by a temperature, logits = q.k / (sqrt(Dh) kTemperature): with 8, the scores that a
-// one-hot row needs are 8 times larger than with the usual 1 / sqrt(Dh), and 120 steps do not get there; with label
-// smoothing (below) the loss stops asking for them. Together they leave informative "it" rows (most weight on the
-// animal, the rest spread), where plain training made them one-hot (docs/training.md).
+// Attention scores are divided by a temperature, scores = q.k / (sqrt(Dh) kTemperature): with 8, the scores that a
+// one-hot row needs are 8 times larger than with the usual 1 / sqrt(Dh), and the schedule does not get there; with
+// label smoothing (below) the loss stops asking for them. Together they leave informative "it" rows (most weight on
+// the animal, the rest spread), where plain training made them one-hot (docs/training.md).
 constexpr double kTemperature = 8.0;
-// Without optimisation (CI's AddressSanitizer Debug build, where a step takes ~100 times longer) a shorter schedule
+// Without optimisation (CI's AddressSanitizer Debug build, where a step takes over 100 times longer) a shorter schedule
 // with a higher peak; the checks hold in both for seeds 1 to 8 (docs/training.md). __OPTIMIZE__: g++ and clang++
 // from -O1 up.
 #ifdef __OPTIMIZE__
@@ -165,7 +166,9 @@ std::string joined(const std::vector<std::string>& words, const char* separator 
 // the sentence is usable: every word in the vocabulary, an "it" (the first one is read).
 std::string parse_sentence(const std::string& text, Sentence& s) {
   std::string spaced;
-  for (char c : text) spaced += c == '.' ? std::string(" . ") : std::string(1, static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
+  for (char c : text)
+    spaced +=
+        c == '.' ? std::string(" . ") : std::string(1, static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
   std::istringstream in(spaced);
   s = Sentence{};
   std::size_t animals = 0;
@@ -438,8 +441,9 @@ std::vector<double> mean_it_row(const Pass& p, std::size_t b) {
 Index resolving_head(const Pass& p, std::size_t b) {
   const Sentence& s = *p.batch[b];
   const std::vector<double> mean = mean_it_row(p, b);
-  const std::size_t target = s.animal != kNone ? s.animal
-                                               : static_cast<std::size_t>(std::max_element(mean.begin(), mean.end()) - mean.begin());
+  const std::size_t target = s.animal != kNone
+                                 ? s.animal
+                                 : static_cast<std::size_t>(std::max_element(mean.begin(), mean.end()) - mean.begin());
   Index best = 0;
   for (Index h = 1; h < kHeads; ++h)
     if (p.attention.weights(b, h, s.it, target) > p.attention.weights(b, best, s.it, target)) best = h;
@@ -474,7 +478,8 @@ std::string informative_failure(const std::vector<double>& mean, const Sentence&
     std::snprintf(text, sizeof text, "the mean \"it\" row's largest weight is on '%s' (%.3f), not on '%s' (%.3f)",
                   s.words[top].c_str(), mean[top], s.words[s.animal].c_str(), mean[s.animal]);
   else if (bounds && mean[top] < 0.4)
-    std::snprintf(text, sizeof text, "the mean \"it\" row gives '%s' only %.3f (< 0.4)", s.words[top].c_str(), mean[top]);
+    std::snprintf(text, sizeof text, "the mean \"it\" row gives '%s' only %.3f (< 0.4)", s.words[top].c_str(),
+                  mean[top]);
   else if (bounds && mean[top] >= 0.9)
     std::snprintf(text, sizeof text, "the mean \"it\" row is nearly one-hot: %.3f on '%s' (>= 0.9)", mean[top],
                   s.words[top].c_str());
@@ -534,7 +539,8 @@ void write_pictures(const std::string& svg, const std::string& csv, const Pass& 
   full.bold_row_labels = {it};
   full.outlined_rows = {it};
   HeatmapOptions options;
-  options.title = "What \"it\" attends to in \"" + joined(s.words) + "\" (prediction: " + kAnimals[predicted(p, 0)] + ")";
+  options.title =
+      "What \"it\" attends to in \"" + joined(s.words) + "\" (prediction: " + kAnimals[predicted(p, 0)] + ")";
   options.grid_columns = 1;  // one panel above the other
   write_heatmap_panels_svg(svg, {rows, full}, options);
   write_attention_csv(csv, p.attention.weights, 0, head, s.words, s.words);
@@ -629,7 +635,8 @@ void measure(const Experiment& ex, const Tensor<T, 4>& rows, const std::vector<I
     double jsd = 0;
     for (Index h : heads) jsd += jsd_bits(&rows(b, h, 0, 0), &ex.rows(b, h, 0, 0), ex.length[b]);
     jsd /= static_cast<double>(heads.size());
-    const double dp = std::abs(static_cast<double>(probabilities(b, 0, y)) - static_cast<double>(ex.probabilities(b, 0, y)));
+    const double dp =
+        std::abs(static_cast<double>(probabilities(b, 0, y)) - static_cast<double>(ex.probabilities(b, 0, y)));
     ++o.cases;
     o.changed += predicted(&probabilities(b, 0, 0)) != y;
     o.beyond += dp > kMaxChange + 1e-4;
@@ -645,7 +652,8 @@ Tensor<T, 4> permuted_rows(const Experiment& ex, const std::vector<Index>& heads
   for (std::size_t b = 0; b < ex.length.size(); ++b)
     for (Index h : heads) {
       T* row = &rows(b, h, 0, 0);
-      for (std::size_t i = static_cast<std::size_t>(ex.length[b]) - 1; i > 0; --i) std::swap(row[i], row[below(rng, i + 1)]);
+      for (std::size_t i = static_cast<std::size_t>(ex.length[b]) - 1; i > 0; --i)
+        std::swap(row[i], row[below(rng, i + 1)]);
     }
   return rows;
 }
@@ -713,7 +721,8 @@ Adversaries adversarial_rows(const Experiment& ex, const std::vector<Index>& hea
       };
       const double p0 = p_y(0.0);
       double t_bounded = 0;
-      for (int g = 1; g <= kGrid && std::abs(p_y(t_argmax * g / kGrid) - p0) <= max_change; ++g) t_bounded = t_argmax * g / kGrid;
+      for (int g = 1; g <= kGrid && std::abs(p_y(t_argmax * g / kGrid) - p0) <= max_change; ++g)
+        t_bounded = t_argmax * g / kGrid;
       // Both candidates: the row at t, and its mean JSD from the original over the replaced heads.
       for (int bounded = 0; bounded < 2; ++bounded) {
         const double t = bounded ? t_bounded : t_argmax;
@@ -721,7 +730,8 @@ Adversaries adversarial_rows(const Experiment& ex, const std::vector<Index>& hea
         double jsd = 0;
         for (Index h : heads) {
           for (Index k = 0; k < length; ++k)
-            row[static_cast<std::size_t>(k)] = static_cast<T>((1 - t) * static_cast<double>(ex.rows(b, h, 0, k)) + (k == j ? t : 0.0));
+            row[static_cast<std::size_t>(k)] =
+                static_cast<T>((1 - t) * static_cast<double>(ex.rows(b, h, 0, k)) + (k == j ? t : 0.0));
           jsd += jsd_bits(row.data(), &ex.rows(b, h, 0, 0), ex.length[b]);
         }
         jsd /= static_cast<double>(heads.size());
@@ -729,7 +739,8 @@ Adversaries adversarial_rows(const Experiment& ex, const std::vector<Index>& hea
           best_jsd[static_cast<std::size_t>(bounded) * batch + b] = jsd;
           for (Index h : heads)
             for (Index k = 0; k < length; ++k)
-              rows(b, h, 0, k) = static_cast<T>((1 - t) * static_cast<double>(ex.rows(b, h, 0, k)) + (k == j ? t : 0.0));
+              rows(b, h, 0, k) =
+                  static_cast<T>((1 - t) * static_cast<double>(ex.rows(b, h, 0, k)) + (k == j ? t : 0.0));
         }
       }
     }
@@ -768,8 +779,9 @@ std::string explain(const Model& m, const Pass& held_out, const Tensor<T, 3>& he
   double output_diff = 0, probability_diff = 0;
   for (std::size_t b = 0; b < n; ++b) {
     for (Index e = 0; e < kEmbed; ++e)
-      output_diff = std::max(output_diff, std::abs(static_cast<double>(y_it(b, 0, e)) -
-                                                   static_cast<double>(held_out.attention.output(b, held_out.batch[b]->it, e))));
+      output_diff =
+          std::max(output_diff, std::abs(static_cast<double>(y_it(b, 0, e)) -
+                                         static_cast<double>(held_out.attention.output(b, held_out.batch[b]->it, e))));
     for (std::size_t c = 0; c < kAnimals.size(); ++c)
       probability_diff = std::max(probability_diff, std::abs(static_cast<double>(ex.probabilities(b, 0, c)) -
                                                              static_cast<double>(held_out.probabilities(0, b, c))));
@@ -786,14 +798,15 @@ std::string explain(const Model& m, const Pass& held_out, const Tensor<T, 3>& he
   std::vector<std::vector<Index>> head_sets;
   for (Index h = 0; h < kHeads; ++h) head_sets.push_back({h});
   head_sets.push_back({0, 1, 2, 3});
-  std::printf("\nEach \"it\" row replaced (no other row reaches the readout), one head at a time, then all %td:\n"
-              "  changed: how often the prediction changes;  |dp|: mean change of the predicted class's probability;\n"
-              "  JSD: mean Jensen-Shannon divergence of the new row from the original, in bits (0 same, 1 disjoint);\n"
-              "  far: the share of rows at least %.1f bits away. The adversaries keep the prediction; the second\n"
-              "  also keeps its probability within %.2f.\n\n"
-              "           random permutation (x%d)  uniform weights           adversary: same prediction  and |dp| <= %.2f\n"
-              "  heads     changed   |dp|   JSD    changed   |dp|   JSD       |dp|   JSD    far      |dp|   JSD    far\n",
-              kHeads, kFar, kMaxChange, kPermutations, kMaxChange);
+  std::printf(
+      "\nEach \"it\" row replaced (no other row reaches the readout), one head at a time, then all %td:\n"
+      "  changed: how often the prediction changes;  |dp|: mean change of the predicted class's probability;\n"
+      "  JSD: mean Jensen-Shannon divergence of the new row from the original, in bits (0 same, 1 disjoint);\n"
+      "  far: the share of rows at least %.1f bits away. The adversaries keep the prediction; the second\n"
+      "  also keeps its probability within %.2f.\n\n"
+      "           random permutation (x%d)  uniform weights           adversary: same prediction  and |dp| <= %.2f\n"
+      "  heads     changed   |dp|   JSD    changed   |dp|   JSD       |dp|   JSD    far      |dp|   JSD    far\n",
+      kHeads, kFar, kMaxChange, kPermutations, kMaxChange);
   Rng rng(2019);  // Jain & Wallace
   Outcome single_bounded, all_uniform;
   int violations = 0;
@@ -804,7 +817,8 @@ std::string explain(const Model& m, const Pass& held_out, const Tensor<T, 3>& he
     const Adversaries adversaries = adversarial_rows(ex, heads, kMaxChange);
     measure(ex, adversaries.kept, heads, kept);
     measure(ex, adversaries.bounded, heads, bounded);
-    const std::string name = heads.size() == 1 ? "head " + std::to_string(heads[0]) : "all " + std::to_string(heads.size());
+    const std::string name =
+        heads.size() == 1 ? "head " + std::to_string(heads[0]) : "all " + std::to_string(heads.size());
     std::printf("  %-7s", name.c_str());
     for (const Outcome* o : {&permuted, &uniform})
       std::printf("  %6.1f%%  %5.3f  %4.2f ", 100.0 * o->changed / o->cases, o->abs_dp / o->cases, o->jsd / o->cases);
@@ -839,13 +853,15 @@ std::string explain(const Model& m, const Pass& held_out, const Tensor<T, 3>& he
     for (Index j = 0; j < one.length[0]; ++j) alone(0, h, 0, j) = rows(0, h, 0, j);
   }
   const Tensor<T, 4> kept_all = adversarial_rows(one, all, kMaxChange).kept, uniform_all = uniform_rows(one, all);
-  Tensor<T, 3> p_kept = logits_with(m, one.values_projected, kept_all), p_uniform = logits_with(m, one.values_projected, uniform_all);
+  Tensor<T, 3> p_kept = logits_with(m, one.values_projected, kept_all),
+               p_uniform = logits_with(m, one.values_projected, uniform_all);
   softmax_in_place(&p_kept(0, 0, 0));
   softmax_in_place(&p_uniform(0, 0, 0));
-  std::printf("\n\"%s\", prediction %s (p = %.3f):\n"
-              "           original \"it\" rows              each head alone: adversary, |dp| <= %.2f\n"
-              "  token    head 0  head 1  head 2  head 3     head 0  head 1  head 2  head 3\n",
-              joined(s.words).c_str(), kAnimals[y].c_str(), static_cast<double>(one.probabilities(0, 0, y)), kMaxChange);
+  std::printf(
+      "\n\"%s\", prediction %s (p = %.3f):\n"
+      "           original \"it\" rows              each head alone: adversary, |dp| <= %.2f\n"
+      "  token    head 0  head 1  head 2  head 3     head 0  head 1  head 2  head 3\n",
+      joined(s.words).c_str(), kAnimals[y].c_str(), static_cast<double>(one.probabilities(0, 0, y)), kMaxChange);
   for (Index l = 0; l < one.length[0]; ++l) {
     std::printf("  %-7s", s.words[static_cast<std::size_t>(l)].c_str());
     for (Index h = 0; h < kHeads; ++h) std::printf("  %6.3f", static_cast<double>(one.rows(0, h, 0, l)));
@@ -860,12 +876,13 @@ std::string explain(const Model& m, const Pass& held_out, const Tensor<T, 3>& he
   Index kept_top = 0;
   for (Index j = 1; j < one.length[0]; ++j)
     if (kept_all(0, 0, 0, j) > kept_all(0, 0, 0, kept_top)) kept_top = j;
-  std::printf("\n  all heads, adversary keeping only the prediction: %.3f on '%s' in every head -> %s, p = %.3f\n"
-              "  all heads uniform -> %s, p = %.3f\n",
-              static_cast<double>(kept_all(0, 0, 0, kept_top)), s.words[static_cast<std::size_t>(kept_top)].c_str(),
-              kAnimals[predicted(&p_kept(0, 0, 0))].c_str(), static_cast<double>(p_kept(0, 0, predicted(&p_kept(0, 0, 0)))),
-              kAnimals[predicted(&p_uniform(0, 0, 0))].c_str(),
-              static_cast<double>(p_uniform(0, 0, predicted(&p_uniform(0, 0, 0)))));
+  std::printf(
+      "\n  all heads, adversary keeping only the prediction: %.3f on '%s' in every head -> %s, p = %.3f\n"
+      "  all heads uniform -> %s, p = %.3f\n",
+      static_cast<double>(kept_all(0, 0, 0, kept_top)), s.words[static_cast<std::size_t>(kept_top)].c_str(),
+      kAnimals[predicted(&p_kept(0, 0, 0))].c_str(), static_cast<double>(p_kept(0, 0, predicted(&p_kept(0, 0, 0)))),
+      kAnimals[predicted(&p_uniform(0, 0, 0))].c_str(),
+      static_cast<double>(p_uniform(0, 0, predicted(&p_uniform(0, 0, 0)))));
 
   // Attention beside saliency over the held-out sentences.
   int attention_on_animal = 0, saliency_on_animal = 0, same_top = 0;
@@ -874,18 +891,20 @@ std::string explain(const Model& m, const Pass& held_out, const Tensor<T, 3>& he
     const Sentence& h = *held_out.batch[b];
     const std::vector<double> mean = mean_it_row(held_out, b), saliency = saliency_of(held_out_dx, b, h.tokens.size());
     const auto top_attention = static_cast<std::size_t>(std::max_element(mean.begin(), mean.end()) - mean.begin());
-    const auto top_saliency = static_cast<std::size_t>(std::max_element(saliency.begin(), saliency.end()) - saliency.begin());
+    const auto top_saliency =
+        static_cast<std::size_t>(std::max_element(saliency.begin(), saliency.end()) - saliency.begin());
     attention_on_animal += top_attention == h.animal;
     saliency_on_animal += top_saliency == h.animal;
     same_top += top_attention == top_saliency;
     tau += kendall_tau(mean, saliency);
   }
-  std::printf("\nAttention beside gradient saliency over the held-out sentences:\n"
-              "  largest mean \"it\" weight on the animal:  %3d / %zu\n"
-              "  largest saliency on the animal:          %3d / %zu\n"
-              "  both largest on the same token:          %3d / %zu\n"
-              "  Kendall tau of the two orders of the tokens, mean over sentences: %.2f (1 = same order, 0 = unrelated)\n",
-              attention_on_animal, n, saliency_on_animal, n, same_top, n, tau / static_cast<double>(n));
+  std::printf(
+      "\nAttention beside gradient saliency over the held-out sentences:\n"
+      "  largest mean \"it\" weight on the animal:  %3d / %zu\n"
+      "  largest saliency on the animal:          %3d / %zu\n"
+      "  both largest on the same token:          %3d / %zu\n"
+      "  Kendall tau of the two orders of the tokens, mean over sentences: %.2f (1 = same order, 0 = unrelated)\n",
+      attention_on_animal, n, saliency_on_animal, n, same_top, n, tau / static_cast<double>(n));
 
   // The claims.
   const double single_far = static_cast<double>(single_bounded.far) / single_bounded.cases;
@@ -904,8 +923,11 @@ std::string explain(const Model& m, const Pass& held_out, const Tensor<T, 3>& he
   std::vector<std::string> labels;
   for (Index h = 0; h < kHeads; ++h) {
     labels.push_back("head " + std::to_string(h));
-    for (Index j = 0; j < length; ++j)
-      panels[0](h, j) = one.rows(0, h, 0, j), panels[1](h, j) = alone(0, h, 0, j), panels[2](h, j) = kept_all(0, h, 0, j);
+    for (Index j = 0; j < length; ++j) {
+      panels[0](h, j) = one.rows(0, h, 0, j);
+      panels[1](h, j) = alone(0, h, 0, j);
+      panels[2](h, j) = kept_all(0, h, 0, j);
+    }
   }
   char titles[3][160];
   std::snprintf(titles[0], sizeof titles[0], "the \"it\" rows: %s, p = %.3f", kAnimals[y].c_str(),
@@ -939,7 +961,8 @@ int main(int argc, char** argv) {
   std::string sentence_text = kClassicSentence, save_path, load_path;
   bool explain_mode = false;
   const auto usage = [&] {
-    std::fprintf(stderr, "usage: %s [--seed N] [--sentence \"TEXT\"] [--explain] [--save FILE | --load FILE]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s [--seed N] [--sentence \"TEXT\"] [--explain] [--save FILE | --load FILE]\n",
+                 argv[0]);
     return 2;
   };
   for (int i = 1; i < argc; ++i) {
@@ -1050,16 +1073,19 @@ int main(int argc, char** argv) {
   for (std::size_t b = 0; b < all.size(); ++b) {
     correct += predicted(test, b) == all[b]->label;
     const std::vector<double> mean = mean_it_row(test, b);
-    peaks_on_animal += static_cast<std::size_t>(std::max_element(mean.begin(), mean.end()) - mean.begin()) == all[b]->animal;
+    peaks_on_animal +=
+        static_cast<std::size_t>(std::max_element(mean.begin(), mean.end()) - mean.begin()) == all[b]->animal;
     animal_weight += mean[all[b]->animal];
     spread += effective_keys(mean);
   }
   const double accuracy = static_cast<double>(correct) / static_cast<double>(all.size());
   const double count = static_cast<double>(all.size());
-  std::printf("\nheld-out accuracy: %.3f (%d / %zu), held-out loss %.3f\n", accuracy, correct, all.size(), loss_of(test));
-  std::printf("mean \"it\" row (over heads), held out: largest on the animal in %d / %zu, mean weight on the animal\n"
-              "%.3f, spread over %.2f keys on average (exp(entropy))\n", peaks_on_animal, all.size(), animal_weight / count,
-              spread / count);
+  std::printf("\nheld-out accuracy: %.3f (%d / %zu), held-out loss %.3f\n", accuracy, correct, all.size(),
+              loss_of(test));
+  std::printf(
+      "mean \"it\" row (over heads), held out: largest on the animal in %d / %zu, mean weight on the animal\n"
+      "%.3f, spread over %.2f keys on average (exp(entropy))\n",
+      peaks_on_animal, all.size(), animal_weight / count, spread / count);
 
   // ---- The shown sentence: its "it" row beside gradient saliency ----
   // Where the sentence comes from: its (template, animal, place, verb) combination, the object and adjective aside.
@@ -1082,8 +1108,8 @@ int main(int argc, char** argv) {
   }
   Gradients scratch;
   const Tensor<T, 3> dx = backward(model, one, scratch, 0.0);
-  std::printf("\nsentence: \"%s\" (%s)\nprediction: %s, target %s\n\n", joined(shown_sentence.words).c_str(), provenance,
-              prediction(one, 0).c_str(),
+  std::printf("\nsentence: \"%s\" (%s)\nprediction: %s, target %s\n\n", joined(shown_sentence.words).c_str(),
+              provenance, prediction(one, 0).c_str(),
               shown_sentence.animal != kNone ? kAnimals[shown_sentence.label].c_str() : "none (not one animal)");
   print_it_table(one, dx);
 
@@ -1097,7 +1123,8 @@ int main(int argc, char** argv) {
     parse_sentence(kClassicSentence, classic_sentence);
     const bool classic = shown_sentence.words == classic_sentence.words;
     const std::string informative = informative_failure(mean, shown_sentence, classic);
-    if (predicted(one, 0) != shown_sentence.label) fail("the prediction is not '" + kAnimals[shown_sentence.label] + "'");
+    if (predicted(one, 0) != shown_sentence.label)
+      fail("the prediction is not '" + kAnimals[shown_sentence.label] + "'");
     if (!informative.empty())
       fail(informative);
     else if (classic)
@@ -1105,8 +1132,10 @@ int main(int argc, char** argv) {
                   "%zu other keys\n", shown_sentence.words[shown_sentence.animal].c_str(), mean[shown_sentence.animal],
                   shown_sentence.tokens.size() - 1);
     else
-      std::printf("\ncheck: the mean \"it\" row is largest on '%s' (%.3f; the bounds [0.4, 0.9) are checked on the\n"
-                  "classic sentence)\n", shown_sentence.words[shown_sentence.animal].c_str(), mean[shown_sentence.animal]);
+      std::printf(
+          "\ncheck: the mean \"it\" row is largest on '%s' (%.3f; the bounds [0.4, 0.9) are checked on the\n"
+          "classic sentence)\n",
+          shown_sentence.words[shown_sentence.animal].c_str(), mean[shown_sentence.animal]);
 
     // ---- Counterfactual: another animal in the same sentence; the answer should follow ----
     Sentence swapped = shown_sentence;

@@ -60,7 +60,8 @@ TYPED_TEST(AttendWithWeightsTest, WithSdpaWeightsGivesSdpaOutput) {
   Random random(12);
   for (int c = 0; c < 40; ++c) {
     const Index batch = random.integer(1, 3), kv_heads = random.integer(1, 3), heads = kv_heads * random.integer(1, 3);
-    const Index lq = random.integer(0, 9), lk = random.integer(0, 9), d = random.integer(1, 8), dv = random.integer(1, 7);
+    const Index lq = random.integer(0, 9), lk = random.integer(0, 9), d = random.integer(1, 8),
+                dv = random.integer(1, 7);
     const Tensor<T, 4> q = random.normal_tensor<T, 4>({batch, heads, lq, d});
     const Tensor<T, 4> k = random.normal_tensor<T, 4>({batch, kv_heads, lk, d});
     const Tensor<T, 4> v = random.normal_tensor<T, 4>({batch, kv_heads, lk, dv});
@@ -123,7 +124,8 @@ TYPED_TEST(AttendWithWeightsTest, ModuleRecomposedFromPublicPiecesEqualsForward)
     const MhaForward<T> fwd = c.cross ? mha.forward(query, key, value, opts) : mha.forward(query, opts);
     const Tensor<T, 3>& source = c.cross ? value : query;
     const Tensor<T, 3> projected = linear<T>(source, p.v_weight, p.v_bias);                      // (B, Lk, Hkv Dh)
-    const Tensor<T, 4> heads_out = attend_with_weights(fwd.weights, split_heads(projected, c.kv_heads));  // (B, H, Lq, Dh)
+    const Tensor<T, 4> heads_out =
+        attend_with_weights(fwd.weights, split_heads(projected, c.kv_heads));                    // (B, H, Lq, Dh)
     const Tensor<T, 3> merged = merge_heads(heads_out);                                          // (B, Lq, E)
     const Tensor<T, 3> output = linear<T>(merged, p.out_weight, p.out_bias);
     EXPECT_TRUE(all_close(output, fwd.output, 10 * tolerance<T>()))
@@ -143,8 +145,9 @@ TYPED_TEST(AttendWithWeightsTest, UsesTheWeightsAsGivenOnStridedViews) {
   const TensorView<T, 4> weights(larger.data(), {2, 4, 4, 6}, {strides[0], strides[1], 2 * strides[2], 1});
   const Tensor<T, 4> out = attend_with_weights(weights, v);
   EXPECT_EQ(out.shape(), (std::array<Index, 4>{2, 4, 4, 5}));
-  EXPECT_TRUE(all_close(out, attend_by_hand(Tensor<T, 4>(TensorView<const T, 4>(weights)), Tensor<T, 4>(TensorView<const T, 4>(v))),
-                        tolerance<T>()));
+  EXPECT_TRUE(all_close(
+      out, attend_by_hand(Tensor<T, 4>(TensorView<const T, 4>(weights)), Tensor<T, 4>(TensorView<const T, 4>(v))),
+      tolerance<T>()));
 }
 
 TYPED_TEST(AttendWithWeightsTest, EmptyExtents) {

@@ -8,7 +8,8 @@
 /// if this head looked elsewhere?" (docs/explanation.md). A MultiHeadAttention module is linear after its softmax,
 /// so its output with weights P is
 /// \code{.unparsed}
-///   output = merge_heads(attend_with_weights(P, split_heads(linear(value, v_weight, v_bias), Hkv))) out_weight^T + out_bias
+///   values = split_heads(linear(value, v_weight, v_bias), Hkv)                           (B, Hkv, Lk, Dh)
+///   output = linear(merge_heads(attend_with_weights(P, values)), out_weight, out_bias)   (B, Lq, E)
 /// \endcode
 /// which examples/coreference.cpp composes from the public pieces (and tests/attend_with_weights_test.cpp checks
 /// against MultiHeadAttention::forward).
@@ -59,16 +60,18 @@ Tensor<T, 4> attend_with_weights_views(const TensorView<const T, 4>& weights, co
 /// AttentionOptions<double> opts;
 /// opts.causal = Causal::top_left;
 /// Tensor<double, 4> p = attention_weights(q, k, opts);  // (B, H, Lq, Lk)
-/// for (Index j = 0; j < p.dim(3); ++j) p(0, 2, 5, j) = j <= 5 ? 1.0 / 6 : 0.0;  // head 2, row 5: uniform over its keys
-/// Tensor<double, 4> out = attend_with_weights(p, v);  // (B, H, Lq, Dv): sdpa_forward's out, but for that row
+/// for (Index j = 0; j < p.dim(3); ++j) p(0, 2, 5, j) = j <= 5 ? 1.0 / 6 : 0.0;  // head 2, row 5: uniform
+/// Tensor<double, 4> out = attend_with_weights(p, v);  // (B, H, Lq, Dv): sdpa_forward's out but for that row
 /// \endcode
 template <typename W, typename V>
 Tensor<detail::float_scalar_of<W>, 4> attend_with_weights(const W& weights, const V& v) {
   using T = detail::float_scalar_of<W>;
   constexpr bool rank_4 = detail::is_tensor_of_rank<W, 4> && detail::is_tensor_of_rank<V, 4>;
-  constexpr bool one_type = rank_4 && std::is_same_v<detail::scalar_of<W>, T> && std::is_same_v<detail::scalar_of<V>, T>;
-  static_assert(rank_4,
-                "attend_with_weights: weights (B, H, Lq, Lk) and v (B, Hkv, Lk, Dv) must be rank-4 Tensors or TensorViews");
+  constexpr bool one_type =
+      rank_4 && std::is_same_v<detail::scalar_of<W>, T> && std::is_same_v<detail::scalar_of<V>, T>;
+  static_assert(
+      rank_4,
+      "attend_with_weights: weights (B, H, Lq, Lk) and v (B, Hkv, Lk, Dv) must be rank-4 Tensors or TensorViews");
   static_assert(!rank_4 || one_type, "attend_with_weights: weights and v must hold one element type, float or double");
   if constexpr (one_type)
     return detail::attend_with_weights_views(detail::const_view(weights), detail::const_view(v));
