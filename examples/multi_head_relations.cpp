@@ -72,7 +72,7 @@ constexpr double kPeakLr = 1e-2;
 constexpr Index kSymbols = 4, kMinLength = 5, kMaxLength = 9, kEmbed = 16;
 const std::vector<Index> kHeadCounts{1, 2};
 constexpr int kSteps = 150, kBatch = 16, kWarmup = 20, kHeldOut = 300;
-constexpr double kPeakLr = 5e-2;
+constexpr double kPeakLr = 6e-2;
 #endif
 constexpr Index kQuery = kSymbols;               // the "?" token
 constexpr Index kVocab = kSymbols + 1;           // V
