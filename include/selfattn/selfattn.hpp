@@ -19,6 +19,7 @@
 /// (head dim inside the module).
 #pragma once
 
+#include <selfattn/attend_with_weights.hpp>
 #include <selfattn/attention.hpp>
 #include <selfattn/errors.hpp>
 #include <selfattn/heads.hpp>
