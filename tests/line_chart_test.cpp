@@ -4,6 +4,9 @@
 // std::invalid_argument naming the argument; and rsvg-convert (Debian librsvg2-bin) rasterises what we write.
 #include <gtest/gtest.h>
 
+#include "support/expect_error.hpp"
+#include "support/svg_check.hpp"
+
 #include <selfattn/plot/line_chart.hpp>
 
 #include <cmath>
@@ -26,103 +29,10 @@ namespace {
 using namespace selfattn;
 namespace fs = std::filesystem;
 
-// ---- A small XML well-formedness checker (as in heatmap_test.cpp) ----------------------------------------
-// One root element, balanced and properly nested tags, quoted attributes without duplicates, no raw '<' in
-// text or attributes, only the five predefined or numeric entity references. "" when well-formed.
-
-bool is_name_char(char c) {
-  return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == ':' || c == '-' || c == '.' ||
-         static_cast<unsigned char>(c) >= 0x80;
-}
-
-std::string check_entities(const std::string& text) {
-  for (std::size_t at = text.find('&'); at != std::string::npos; at = text.find('&', at + 1)) {
-    const std::size_t end = text.find(';', at);
-    if (end == std::string::npos) return "'&' without ';'";
-    const std::string name = text.substr(at + 1, end - at - 1);
-    static const std::set<std::string> predefined{"amp", "lt", "gt", "quot", "apos"};
-    if (!predefined.count(name) && !std::regex_match(name, std::regex("#[0-9]+|#x[0-9a-fA-F]+")))
-      return "unknown entity &" + name + ";";
-  }
-  return "";
-}
-
-std::string xml_error(const std::string& xml) {
-  std::vector<std::string> open;
-  std::size_t at = 0;
-  int roots = 0;
-  if (xml.compare(0, 5, "<?xml") == 0) {
-    at = xml.find("?>");
-    if (at == std::string::npos) return "unterminated XML declaration";
-    at += 2;
-  }
-  while (at < xml.size()) {
-    const std::size_t lt = xml.find('<', at);
-    const std::string text = xml.substr(at, lt == std::string::npos ? std::string::npos : lt - at);
-    if (open.empty() && text.find_first_not_of(" \t\r\n") != std::string::npos) return "text outside the root";
-    if (const std::string e = check_entities(text); !e.empty()) return "in text: " + e;
-    if (lt == std::string::npos) break;
-    at = lt;
-    const bool closing = xml.compare(at, 2, "</") == 0;
-    at += closing ? 2 : 1;
-    const std::size_t name_start = at;
-    while (at < xml.size() && is_name_char(xml[at])) ++at;
-    const std::string name = xml.substr(name_start, at - name_start);
-    if (name.empty()) return "a '<' that starts no tag at byte " + std::to_string(name_start);
-    if (closing) {
-      if (at >= xml.size() || xml[at] != '>') return "bad end tag </" + name;
-      if (open.empty() || open.back() != name) return "end tag </" + name + "> does not close its element";
-      open.pop_back();
-      ++at;
-      continue;
-    }
-    if (open.empty() && ++roots > 1) return "more than one root element";
-    std::set<std::string> attributes;
-    for (;;) {
-      while (at < xml.size() && std::isspace(static_cast<unsigned char>(xml[at]))) ++at;
-      if (at >= xml.size()) return "unterminated tag <" + name;
-      if (xml.compare(at, 2, "/>") == 0) {
-        at += 2;
-        break;
-      }
-      if (xml[at] == '>') {
-        open.push_back(name);
-        ++at;
-        break;
-      }
-      const std::size_t a = at;
-      while (at < xml.size() && is_name_char(xml[at])) ++at;
-      const std::string attribute = xml.substr(a, at - a);
-      if (attribute.empty() || at >= xml.size() || xml[at] != '=') return "bad attribute in <" + name;
-      if (!attributes.insert(attribute).second) return "duplicate attribute " + attribute + " in <" + name;
-      ++at;
-      if (at >= xml.size() || (xml[at] != '"' && xml[at] != '\'')) return "unquoted attribute " + attribute;
-      const char quote = xml[at++];
-      const std::size_t end = xml.find(quote, at);
-      if (end == std::string::npos) return "unterminated attribute " + attribute;
-      const std::string value = xml.substr(at, end - at);
-      if (value.find('<') != std::string::npos) return "'<' in attribute " + attribute;
-      if (const std::string e = check_entities(value); !e.empty()) return "in attribute " + attribute + ": " + e;
-      at = end + 1;
-    }
-  }
-  if (!open.empty()) return "unclosed <" + open.back() + ">";
-  if (roots != 1) return "no root element";
-  return "";
-}
-
-std::size_t count(const std::string& text, const std::string& what) {
-  std::size_t n = 0;
-  for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
-  return n;
-}
-
-double svg_attribute(const std::string& svg, const std::string& name) {  // of the root <svg> element
-  std::smatch m;
-  const std::string root = svg.substr(0, svg.find('>', svg.find("<svg")));
-  if (!std::regex_search(root, m, std::regex(" " + name + "=\"([0-9.]+)\""))) return -1;
-  return std::stod(m[1]);
-}
+using test::count;
+using test::expect_error;
+using test::svg_attribute;
+using test::xml_error;
 
 struct Rect {
   double x = 0, y = 0, width = 0, height = 0;
@@ -178,19 +88,6 @@ LineChart simple_chart() {
   return c;
 }
 
-template <typename E, typename F>
-void expect_error(F&& f, const std::vector<std::string>& fragments) {
-  try {
-    f();
-    ADD_FAILURE() << "no exception";
-  } catch (const E& e) {
-    const std::string message = e.what();
-    for (const std::string& fragment : fragments)
-      EXPECT_NE(message.find(fragment), std::string::npos) << "'" << fragment << "' not in: " << message;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "wrong exception type: " << e.what();
-  }
-}
 
 // ---- SVG structure -------------------------------------------------------------------------------------
 
