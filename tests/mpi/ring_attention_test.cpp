@@ -381,8 +381,11 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
   explicit RankFailurePrinter(int rank) : rank_(rank) {}
   void OnTestPartResult(const ::testing::TestPartResult& result) override {
     if (!result.failed()) return;
-    std::printf("[rank %d] %s:%d: Failure\n[rank %d] %s\n", rank_, result.file_name() ? result.file_name() : "?",
-                result.line_number(), rank_, result.message());
+    const std::string prefix = "[rank " + std::to_string(rank_) + "] ";
+    std::string text = prefix + (result.file_name() ? result.file_name() : "?") + ":" +
+                       std::to_string(result.line_number()) + ": Failure\n" + prefix;
+    for (const char* c = result.message(); *c; ++c) text += *c == '\n' && c[1] ? "\n" + prefix : std::string(1, *c);
+    std::printf("%s\n", text.c_str());
     std::fflush(stdout);
   }
 
