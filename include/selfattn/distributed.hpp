@@ -58,7 +58,7 @@
 #include <selfattn/distributed/mpi_support.hpp>
 #include <selfattn/distributed/sequence_layout.hpp>
 
-#if SELFATTN_HAS_MPI
+#if SELFATTN_HAS_MPI || defined(SELFATTN_DOXYGEN)
 #include <selfattn/distributed/ring.hpp>
 #include <selfattn/distributed/ring_validation.hpp>
 

@@ -5,10 +5,10 @@
 ///
 /// Needs an MPI implementation's `<mpi.h>` (Debian: libopenmpi-dev; CMake: `find_package(MPI COMPONENTS CXX)`
 /// and link `MPI::MPI_CXX`). Without `<mpi.h>` on the include path this header defines `SELFATTN_HAS_MPI` as 0
-/// and nothing else.
+/// and nothing else. (`SELFATTN_DOXYGEN`, defined by the documentation build only, shows the API without MPI.)
 #pragma once
 
-#if __has_include(<mpi.h>)
+#if __has_include(<mpi.h>) || defined(SELFATTN_DOXYGEN)
 #include <mpi.h>
 
 #include <selfattn/errors.hpp>
@@ -147,5 +147,6 @@ class PendingRequests {
 }  // namespace selfattn
 
 #else
+/// 0: `<mpi.h>` is not available, so selfattn/distributed.hpp defines nothing but the layout helpers.
 #define SELFATTN_HAS_MPI 0
 #endif

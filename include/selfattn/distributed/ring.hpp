@@ -7,7 +7,7 @@
 
 #include <selfattn/distributed/mpi_support.hpp>
 
-#if SELFATTN_HAS_MPI
+#if SELFATTN_HAS_MPI || defined(SELFATTN_DOXYGEN)
 #include <selfattn/attention.hpp>
 #include <selfattn/detail/softmax.hpp>
 #include <selfattn/distributed/ring_validation.hpp>

@@ -7,7 +7,7 @@
 
 #include <selfattn/distributed/mpi_support.hpp>
 
-#if SELFATTN_HAS_MPI
+#if SELFATTN_HAS_MPI || defined(SELFATTN_DOXYGEN)
 #include <selfattn/attention.hpp>
 #include <selfattn/distributed/sequence_layout.hpp>
 #include <selfattn/errors.hpp>
