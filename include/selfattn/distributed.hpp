@@ -46,7 +46,7 @@
 /// P. The backward sends P - 1 k/v blocks and P dk/dv blocks: (2P - 1) / P B Hkv L (D + Dv). Each step computes
 /// about 2 B H L_r^2 (D + Dv) flops against B Hkv L_r (D + Dv) elements moved, so the transfers hide behind the
 /// compute once L_r (H / Hkv) is large enough for the network. Before any of it, one MPI_Allgather of a record of
-/// 40 integers per rank (and two MPI_Allreduce of B integers with key lengths) checks every rank's arguments.
+/// 37 integers per rank (and two MPI_Allreduce of B integers with key lengths) checks every rank's arguments.
 ///
 /// Errors: before any ring traffic every rank shares its shapes and options, and all ranks validate them together,
 /// so a mismatch on one rank throws the same ShapeError or std::invalid_argument on every rank, naming the rank,
@@ -95,10 +95,11 @@ AttentionForward<detail::float_scalar_of<Q>> ring_attention_forward(
     detail::check_mpi_running(function);
     if (comm == MPI_COMM_NULL) detail::throw_invalid(function, "comm", "is MPI_COMM_NULL");
     const detail::PrivateCommunicator ring(comm, function);
-    const TensorView<const T, 4> qv = detail::const_view(q), kv = detail::const_view(k), vv = detail::const_view(v);
-    const detail::RingProblem problem = detail::validate_ring_call<T>(
-        function, ring, layout, qv, kv, vv, nullptr, opts);
-    return detail::ring_forward<T>(function, ring, problem, qv, kv, vv, opts);
+    const TensorView<const T, 4> q_view = detail::const_view(q), k_view = detail::const_view(k),
+                                 v_view = detail::const_view(v);
+    const detail::RingProblem problem =
+        detail::validate_ring_call<T>(function, ring, layout, q_view, k_view, v_view, nullptr, opts);
+    return detail::ring_forward<T>(function, ring, problem, q_view, k_view, v_view, opts);
   } else {
     return {};
   }
@@ -113,7 +114,8 @@ AttentionForward<detail::float_scalar_of<Q>> ring_attention_forward(
 /// Collective; throws like ring_attention_forward (also for out, lse, dout of wrong shapes).
 /// \code
 /// AttentionForward<float> fwd = ring_attention_forward(MPI_COMM_WORLD, layout, q, k, v, opts);
-/// AttentionGradients<float> g = ring_attention_backward(MPI_COMM_WORLD, layout, q, k, v, fwd.out, fwd.lse, dout, opts);
+/// AttentionGradients<float> g =
+///     ring_attention_backward(MPI_COMM_WORLD, layout, q, k, v, fwd.out, fwd.lse, dout, opts);   // g.dq, g.dk, g.dv
 /// \endcode
 template <typename Q, typename K, typename V, typename O, typename L, typename DO>
 AttentionGradients<detail::float_scalar_of<Q>> ring_attention_backward(
@@ -126,11 +128,13 @@ AttentionGradients<detail::float_scalar_of<Q>> ring_attention_backward(
     detail::check_mpi_running(function);
     if (comm == MPI_COMM_NULL) detail::throw_invalid(function, "comm", "is MPI_COMM_NULL");
     const detail::PrivateCommunicator ring(comm, function);
-    const TensorView<const T, 4> qv = detail::const_view(q), kv = detail::const_view(k), vv = detail::const_view(v);
+    const TensorView<const T, 4> q_view = detail::const_view(q), k_view = detail::const_view(k),
+                                 v_view = detail::const_view(v);
     const detail::RingGradientInputs<T> upstream{detail::const_view(out), detail::const_view(lse),
                                                  detail::const_view(dout)};
-    const detail::RingProblem problem = detail::validate_ring_call<T>(function, ring, layout, qv, kv, vv, &upstream, opts);
-    return detail::ring_backward<T>(function, ring, problem, qv, kv, vv, upstream, opts);
+    const detail::RingProblem problem =
+        detail::validate_ring_call<T>(function, ring, layout, q_view, k_view, v_view, &upstream, opts);
+    return detail::ring_backward<T>(function, ring, problem, q_view, k_view, v_view, upstream, opts);
   } else {
     return {};
   }

@@ -353,8 +353,9 @@ TEST_F(RingAttention, LengthsThatDoNotFitTheLayoutThrowOnEveryRank) {
         length = candidate;
   if (length == 0) GTEST_SKIP() << "with one rank both layouts give the same lengths";
   const SmallCall call(8, 8, SequenceLayout::contiguous, length);
-  expect_error<ShapeError>([&] { call.forward(SequenceLayout::zigzag); },
-                           {"on rank", "of the " + std::to_string(length) + " tokens all ranks pass, under the zigzag layout"});
+  expect_error<ShapeError>(
+      [&] { call.forward(SequenceLayout::zigzag); },
+      {"on rank", "of the " + std::to_string(length) + " tokens all ranks pass, under the zigzag layout"});
   expect_next_call_works();
 }
 

@@ -51,8 +51,9 @@ inline void check_mpi(int code, const char* function, const char* call) {
   if (code == MPI_SUCCESS) return;
   char text[MPI_MAX_ERROR_STRING] = {};
   int length = 0;
-  std::string reason = MPI_Error_string(code, text, &length) == MPI_SUCCESS ? std::string(text, static_cast<std::size_t>(length))
-                                                                           : "unknown MPI error";
+  std::string reason = MPI_Error_string(code, text, &length) == MPI_SUCCESS
+                           ? std::string(text, static_cast<std::size_t>(length))
+                           : "unknown MPI error";
   throw MpiError(code, std::string("[") + function + "] " + call + " failed: " + reason + " (MPI error code " +
                            std::to_string(code) + ")");
 }
@@ -73,7 +74,8 @@ inline void check_mpi_running(const char* function) {
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
   if (!initialized || finalized)
-    throw std::logic_error(std::string("[") + function + "] MPI is " + (finalized ? "already finalised" : "not initialised") +
+    throw std::logic_error(std::string("[") + function + "] MPI is " +
+                           (finalized ? "already finalised" : "not initialised") +
                            ": call it between MPI_Init and MPI_Finalize");
 }
 

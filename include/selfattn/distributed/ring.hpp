@@ -238,7 +238,8 @@ AttentionGradients<T> ring_backward(const char* function, const PrivateCommunica
     }
     // The dk/dv of the held block summed over ranks r - s .. r - 1 comes from the left neighbour, which sent it
     // after its own step s - 1: it arrives while this step computes.
-    if (step > 0) gradient_receive.receive(gradient_in.data(), held_elements, left, ring_gradient_tag, ring.get(), function);
+    if (step > 0)
+      gradient_receive.receive(gradient_in.data(), held_elements, left, ring_gradient_tag, ring.get(), function);
     std::fill(summing.begin(), summing.begin() + held_elements, T(0));
 
     const BlockViews<T> block = block_views(held.data(), p, held_keys);
@@ -265,7 +266,8 @@ AttentionGradients<T> ring_backward(const char* function, const PrivateCommunica
 
     if (step > 0) {
       gradient_receive.wait_all(function);
-      for (int e = 0; e < held_elements; ++e) summing[static_cast<std::size_t>(e)] += gradient_in[static_cast<std::size_t>(e)];
+      for (int e = 0; e < held_elements; ++e)
+        summing[static_cast<std::size_t>(e)] += gradient_in[static_cast<std::size_t>(e)];
     }
     if (p.ranks > 1) {  // pass the sum on; after step P - 1 that is the last hop, home to its owner r + 1
       gradient_send.wait_all(function);  // the previous sum has left: its buffer is free

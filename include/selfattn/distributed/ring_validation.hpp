@@ -110,7 +110,8 @@ inline std::string on_rank(const char* argument, int rank) {
 inline void check_rank_arguments(const char* function, const RingRecord& record, int r) {
   const auto q = shape_at<4>(record, ring_field::q), k = shape_at<4>(record, ring_field::k),
              v = shape_at<4>(record, ring_field::v);
-  if (q[3] < 1) throw_shape_error(function, on_rank("q", r), "head dim D must be >= 1, got shape " + shape_string<4>(q));
+  if (q[3] < 1)
+    throw_shape_error(function, on_rank("q", r), "head dim D must be >= 1, got shape " + shape_string<4>(q));
   check_shape<4>(function, on_rank("k", r), k, {q[0], any_extent, any_extent, q[3]});
   if (k[1] < 1 || q[1] % k[1] != 0)
     throw_shape_error(function, on_rank("k", r),
@@ -166,7 +167,8 @@ inline RingProblem check_ring_records(const char* function, const std::vector<Ri
     const RingRecord& record = records[static_cast<std::size_t>(r)];
     if (record[ring_field::backward] != first[ring_field::backward])
       throw_invalid(function, "rank " + std::to_string(r),
-                    std::string("calls ") + (record[ring_field::backward] ? "ring_attention_backward" : "ring_attention_forward") +
+                    std::string("calls ") +
+                        (record[ring_field::backward] ? "ring_attention_backward" : "ring_attention_forward") +
                         " while rank 0 calls " +
                         (first[ring_field::backward] ? "ring_attention_backward" : "ring_attention_forward") +
                         ": every rank must make the same call");
@@ -196,11 +198,13 @@ inline RingProblem check_ring_records(const char* function, const std::vector<Ri
     const auto q = shape_at<4>(record, ring_field::q), k = shape_at<4>(record, ring_field::k);
     check_like_rank_zero(function, "q", r, q, {q0[0], q0[1], any_extent, q0[3]});
     check_like_rank_zero(function, "k", r, k, {k0[0], k0[1], any_extent, k0[3]});
-    check_like_rank_zero(function, "v", r, shape_at<4>(record, ring_field::v), {any_extent, any_extent, any_extent, v0[3]});
+    check_like_rank_zero(function, "v", r, shape_at<4>(record, ring_field::v),
+                         {any_extent, any_extent, any_extent, v0[3]});
     if (record[ring_field::causal] != first[ring_field::causal])
       throw_invalid(function, on_rank("opts.causal", r),
                     std::string(record[ring_field::causal] ? "causal" : "Causal::none") + ", rank 0's " +
-                        (first[ring_field::causal] ? "causal" : "Causal::none") + ": every rank must pass the same options");
+                        (first[ring_field::causal] ? "causal" : "Causal::none") +
+                        ": every rank must pass the same options");
     if ((record[ring_field::key_lengths] != 0) != (first[ring_field::key_lengths] != 0))
       throw_invalid(function, on_rank("opts.key_lengths", r),
                     std::string(record[ring_field::key_lengths] ? "set" : "empty") + ", rank 0's " +

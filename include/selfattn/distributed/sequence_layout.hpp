@@ -54,7 +54,8 @@ inline TokenRange chunk_range(Index length, Index chunks, Index chunk) {
 inline void check_layout_arguments(const char* function, Index length, int rank, int ranks) {
   if (ranks < 1) throw_invalid(function, "ranks", "expected >= 1, got " + std::to_string(ranks));
   if (rank < 0 || rank >= ranks)
-    throw_invalid(function, "rank", "expected a value in [0, " + std::to_string(ranks) + "), got " + std::to_string(rank));
+    throw_invalid(function, "rank",
+                  "expected a value in [0, " + std::to_string(ranks) + "), got " + std::to_string(rank));
   if (length < 0) throw_invalid(function, "length", "expected >= 0, got " + std::to_string(length));
 }
 
@@ -130,7 +131,8 @@ Tensor<detail::scalar_of<X>, detail::tensor_traits<std::decay_t<X>>::rank> seque
                                                                                          int rank, int ranks) {
   using T = detail::scalar_of<X>;
   constexpr int Rank = detail::tensor_traits<std::decay_t<X>>::rank;
-  static_assert(Rank == 3 || Rank == 4, "sequence_block: whole must be a (B, H, L, D) or (B, H, L) Tensor or TensorView");
+  static_assert(Rank == 3 || Rank == 4,
+                "sequence_block: whole must be a (B, H, L, D) or (B, H, L) Tensor or TensorView");
   const TensorView<const T, Rank> source = detail::const_view(whole);
   detail::check_layout_arguments("sequence_block", source.dim(2), rank, ranks);
   std::array<Index, Rank> shape = source.shape();
