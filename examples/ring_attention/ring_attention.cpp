@@ -13,10 +13,11 @@
 //
 //   mpirun -np 2 ring_attention                       causal, zigzag layout, L = 16384, H = 8, Hkv = 2, D = 64
 //   mpirun -np 4 --oversubscribe ring_attention --length 8192 --layout contiguous
-//   ring_attention --quick                            what ctest runs (a short sequence)
+//   mpirun -np 2 ring_attention --quick               what ctest runs (L = 2048, with --baseline)
 //
 // Flags: --length L, --check-length L, --heads H, --kv-heads Hkv, --dim D, --layout contiguous|zigzag,
-// --no-causal, --repeats R, --quick. Exit codes: 0 success; 1 the check failed; 2 bad arguments.
+// --no-causal, --repeats R, --baseline (rank 0 also times sdpa_forward / sdpa_backward on the whole sequence, in the
+// same run: the speed-up over one process), --quick. Exit codes: 0 success; 1 the check failed; 2 bad arguments.
 #include <selfattn/distributed.hpp>
 #include <selfattn/selfattn.hpp>
 
@@ -39,6 +40,7 @@ struct Settings {
   Index length = 16384, check_length = 1001, heads = 8, kv_heads = 2, dim = 64;
   SequenceLayout layout = SequenceLayout::zigzag;
   bool causal = true;
+  bool baseline = false;  // --baseline: rank 0 also times sdpa_forward / sdpa_backward on the whole sequence
   int repeats = 3;
 };
 
@@ -167,12 +169,37 @@ double forward_bytes_sent(const Settings& s, const World& world) {
   return elements * sizeof(float);
 }
 
+// The baseline, measured in the same run: one process (rank 0, while the others wait) attends over the whole
+// sequence with sdpa_forward / sdpa_backward. Returns {forward, backward} seconds on rank 0, zeros elsewhere.
+std::vector<double> single_process_seconds(const Settings& s, const World& world) {
+  std::vector<double> seconds{0, 0};
+  if (world.rank == 0) {
+    const std::vector<Index> all = all_positions(s.length);
+    const Tensor<float, 4> q = rows_at<float>(1, s.heads, s.dim, all), k = rows_at<float>(2, s.kv_heads, s.dim, all),
+                           v = rows_at<float>(3, s.kv_heads, s.dim, all), dout = rows_at<float>(4, s.heads, s.dim, all);
+    const AttentionOptions<float> opts = options<float>(s);
+    std::vector<double> forward_s, backward_s;
+    for (int r = 0; r < s.repeats; ++r) {
+      double start = MPI_Wtime();
+      const AttentionForward<float> fwd = sdpa_forward(q, k, v, opts);
+      forward_s.push_back(MPI_Wtime() - start);
+      start = MPI_Wtime();
+      const AttentionGradients<float> grad = sdpa_backward(q, k, v, fwd.out, fwd.lse, dout, opts);
+      backward_s.push_back(MPI_Wtime() - start);
+    }
+    seconds = {median(forward_s), median(backward_s)};
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return seconds;
+}
+
 void run(const Settings& s, const World& world) {
   const std::vector<Index> positions = positions_of(sequence_ranges(s.layout, s.length, world.rank, world.ranks));
   const Tensor<float, 4> q = rows_at<float>(1, s.heads, s.dim, positions), k = rows_at<float>(2, s.kv_heads, s.dim, positions),
                          v = rows_at<float>(3, s.kv_heads, s.dim, positions),
                          dout = rows_at<float>(4, s.heads, s.dim, positions);
   const AttentionOptions<float> opts = options<float>(s);
+  const std::vector<double> baseline = s.baseline ? single_process_seconds(s, world) : std::vector<double>{0, 0};
   AttentionForward<float> fwd;
   AttentionGradients<float> grad;
   std::vector<double> forward_s, backward_s;
@@ -205,10 +232,17 @@ void run(const Settings& s, const World& world) {
   const double one_process_bytes =
       sizeof(float) * static_cast<double>(s.length) * static_cast<double>(4 * s.heads * s.dim + 4 * s.kv_heads * s.dim + s.heads);
   std::printf("  one process holding the whole sequence: %.1f MiB of tensors\n", mebibytes(one_process_bytes));
+  if (s.baseline) std::printf("  (rank 0's peak includes the baseline's whole-sequence tensors)\n");
   const double forward = median(forward_s), backward = median(backward_s);
   std::printf("  forward  %8.1f ms  %6.1f GFLOP/s\n", 1e3 * forward, flops / forward * 1e-9);
   std::printf("  backward %8.1f ms  %6.1f GFLOP/s (2.5x the forward's flops)\n", 1e3 * backward,
               2.5 * flops / backward * 1e-9);
+  if (!s.baseline) return;
+  std::printf("  baseline, one process, sdpa_forward / sdpa_backward over the whole sequence, same run:\n");
+  std::printf("  forward  %8.1f ms  %6.1f GFLOP/s   ring: %.2fx its speed\n", 1e3 * baseline[0],
+              flops / baseline[0] * 1e-9, baseline[0] / forward);
+  std::printf("  backward %8.1f ms  %6.1f GFLOP/s   ring: %.2fx its speed\n", 1e3 * baseline[1],
+              2.5 * flops / baseline[1] * 1e-9, baseline[1] / backward);
 }
 
 // ---- Arguments ------------------------------------------------------------------------------------------------
@@ -230,6 +264,9 @@ bool parse(int argc, char** argv, Settings& s) {
       s.length = 2048;
       s.check_length = 257;
       s.repeats = 1;
+      s.baseline = true;
+    } else if (flag == "--baseline") {
+      s.baseline = true;
     } else if (flag == "--no-causal") {
       s.causal = false;
     } else if (flag == "--length" && has_value) {
@@ -268,7 +305,7 @@ int main(int argc, char** argv) {
     if (world.rank == 0)
       std::fprintf(stderr,
                    "usage: mpirun -np P %s [--length L] [--check-length L] [--heads H] [--kv-heads Hkv (divides H)] "
-                   "[--dim D] [--layout contiguous|zigzag] [--no-causal] [--repeats R] [--quick]\n",
+                   "[--dim D] [--layout contiguous|zigzag] [--no-causal] [--repeats R] [--baseline] [--quick]\n",
                    argv[0]);
     MPI_Finalize();
     return 2;
