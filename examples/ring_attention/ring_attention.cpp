@@ -104,7 +104,8 @@ bool check(const Settings& s, const World& world) {
   const Index length = s.check_length;
   const std::vector<Index> all = all_positions(length);
   const Tensor<double, 4> q = rows_at<double>(1, s.heads, s.dim, all), k = rows_at<double>(2, s.kv_heads, s.dim, all),
-                          v = rows_at<double>(3, s.kv_heads, s.dim, all), dout = rows_at<double>(4, s.heads, s.dim, all);
+                          v = rows_at<double>(3, s.kv_heads, s.dim, all),
+                          dout = rows_at<double>(4, s.heads, s.dim, all);
   const AttentionOptions<double> opts = options<double>(s);
   const AttentionForward<double> whole = sdpa_forward(q, k, v, opts);
   const AttentionGradients<double> whole_grad = sdpa_backward(q, k, v, whole.out, whole.lse, dout, opts);
@@ -115,9 +116,9 @@ bool check(const Settings& s, const World& world) {
   const AttentionGradients<double> grad =
       ring_attention_backward(MPI_COMM_WORLD, s.layout, q_r, k_r, v_r, ring.out, ring.lse, dout_r, opts);
 
-  const double differences[4] = {max_difference(ring.out, mine(whole.out)), max_difference(grad.dq, mine(whole_grad.dq)),
-                                 max_difference(grad.dk, mine(whole_grad.dk)),
-                                 max_difference(grad.dv, mine(whole_grad.dv))};
+  const double differences[4] = {
+      max_difference(ring.out, mine(whole.out)), max_difference(grad.dq, mine(whole_grad.dq)),
+      max_difference(grad.dk, mine(whole_grad.dk)), max_difference(grad.dv, mine(whole_grad.dv))};
   double worst[4];
   MPI_Reduce(differences, worst, 4, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
   int ok = 1;
@@ -164,7 +165,8 @@ double forward_bytes_sent(const Settings& s, const World& world) {
   double elements = 0;
   for (int step = 0; step + 1 < world.ranks; ++step) {
     const int owner = ((world.rank - step) % world.ranks + world.ranks) % world.ranks;
-    elements += static_cast<double>(s.kv_heads * sequence_block_length(s.layout, s.length, owner, world.ranks) * 2 * s.dim);
+    elements +=
+        static_cast<double>(s.kv_heads * sequence_block_length(s.layout, s.length, owner, world.ranks) * 2 * s.dim);
   }
   return elements * sizeof(float);
 }
@@ -195,7 +197,8 @@ std::vector<double> single_process_seconds(const Settings& s, const World& world
 
 void run(const Settings& s, const World& world) {
   const std::vector<Index> positions = positions_of(sequence_ranges(s.layout, s.length, world.rank, world.ranks));
-  const Tensor<float, 4> q = rows_at<float>(1, s.heads, s.dim, positions), k = rows_at<float>(2, s.kv_heads, s.dim, positions),
+  const Tensor<float, 4> q = rows_at<float>(1, s.heads, s.dim, positions),
+                         k = rows_at<float>(2, s.kv_heads, s.dim, positions),
                          v = rows_at<float>(3, s.kv_heads, s.dim, positions),
                          dout = rows_at<float>(4, s.heads, s.dim, positions);
   const AttentionOptions<float> opts = options<float>(s);
@@ -205,9 +208,8 @@ void run(const Settings& s, const World& world) {
   std::vector<double> forward_s, backward_s;
   for (int r = 0; r < s.repeats; ++r) {
     forward_s.push_back(timed([&] { fwd = ring_attention_forward(MPI_COMM_WORLD, s.layout, q, k, v, opts); }));
-    backward_s.push_back(timed([&] {
-      grad = ring_attention_backward(MPI_COMM_WORLD, s.layout, q, k, v, fwd.out, fwd.lse, dout, opts);
-    }));
+    backward_s.push_back(timed(
+        [&] { grad = ring_attention_backward(MPI_COMM_WORLD, s.layout, q, k, v, fwd.out, fwd.lse, dout, opts); }));
   }
   // What this rank holds: its inputs, out, lse, dout and the three gradients.
   const double tensor_bytes =
@@ -229,8 +231,8 @@ void run(const Settings& s, const World& world) {
     const double* x = &reports[4 * static_cast<std::size_t>(r)];
     std::printf("  %4d   %6.0f   %11.1f   %17.1f   %24.2f\n", r, x[0], mebibytes(x[1]), x[2], mebibytes(x[3]));
   }
-  const double one_process_bytes =
-      sizeof(float) * static_cast<double>(s.length) * static_cast<double>(4 * s.heads * s.dim + 4 * s.kv_heads * s.dim + s.heads);
+  const double one_process_bytes = sizeof(float) * static_cast<double>(s.length) *
+                                   static_cast<double>(4 * s.heads * s.dim + 4 * s.kv_heads * s.dim + s.heads);
   std::printf("  one process holding the whole sequence: %.1f MiB of tensors\n", mebibytes(one_process_bytes));
   if (s.baseline) std::printf("  (rank 0's peak includes the baseline's whole-sequence tensors)\n");
   const double forward = median(forward_s), backward = median(backward_s);

@@ -25,8 +25,8 @@ namespace selfattn {
 
 /// \brief Which tokens of a sequence each of P ranks holds.
 ///
-/// With causal attention a query sees only earlier keys, so under `contiguous` rank P - 1 does P times the work of
-/// rank 0. `zigzag` cuts the sequence into 2P chunks and gives rank r chunks r and 2P - 1 - r: one early and one
+/// With causal attention a query sees only earlier keys, so under `contiguous` rank P - 1 does 2P - 1 times the work
+/// of rank 0. `zigzag` cuts the sequence into 2P chunks and gives rank r chunks r and 2P - 1 - r: one early and one
 /// late chunk each, so every rank does the same causal work (up to one token per chunk).
 enum class SequenceLayout {
   contiguous,  ///< P chunks: rank r holds chunk r (tokens in order across ranks)
