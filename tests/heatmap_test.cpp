@@ -4,6 +4,7 @@
 // file, so the rasterisation check can fail.
 #include <gtest/gtest.h>
 
+#include "support/scratch_directory.hpp"
 #include "support/svg_check.hpp"
 
 #include <cmath>
@@ -453,24 +454,9 @@ TEST(HeatmapCsv, OneHeadOfATensorInDoubleAndNonFinite) {
 
 // ---- Files ----------------------------------------------------------------------------------------------
 
-class HeatmapFiles : public ::testing::Test {
+class HeatmapFiles : public test::ScratchDirectoryTest {
  protected:
-  void SetUp() override {
-    const std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    dir_ = fs::temp_directory_path() / ("selfattn_heatmap_" + name + "_" + std::to_string(std::random_device{}()));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    std::error_code ignored;
-    fs::remove_all(dir_, ignored);
-  }
-  std::string path(const std::string& file) const { return (dir_ / file).string(); }
-  static std::string read(const std::string& file) {
-    std::ifstream in(file, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
   static void write(const std::string& file, const std::string& text) { std::ofstream(file, std::ios::binary) << text; }
-  fs::path dir_;
 };
 
 TEST_F(HeatmapFiles, WritersWriteWhatTheFunctionsReturn) {

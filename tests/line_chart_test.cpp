@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "support/expect_error.hpp"
+#include "support/scratch_directory.hpp"
 #include "support/svg_check.hpp"
 
 #include <selfattn/plot/line_chart.hpp>
@@ -291,23 +292,7 @@ TEST(LineChartErrors, BadInputNamesTheArgument) {
 
 // ---- Files and rasterisation -----------------------------------------------------------------------------
 
-class LineChartFiles : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    dir_ = fs::temp_directory_path() / ("selfattn_line_chart_" + name + "_" + std::to_string(std::random_device{}()));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    std::error_code ignored;
-    fs::remove_all(dir_, ignored);
-  }
-  std::string path(const std::string& file) const { return (dir_ / file).string(); }
-  static std::string read(const std::string& file) {
-    std::ifstream in(file, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
-  fs::path dir_;
+class LineChartFiles : public test::ScratchDirectoryTest {
 };
 
 TEST_F(LineChartFiles, WriterWritesWhatTheFunctionReturns) {
