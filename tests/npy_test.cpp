@@ -1,5 +1,6 @@
 // tests/npy_test.cpp — selfattn/io/npy.hpp: files written by NumPy (tests/fixtures/npy, made by make_fixtures.py),
-// round trips through our writer, and every malformed case giving FormatError, never a crash.
+// round trips through our writer, float16/bfloat16 storage and rounding (checked against an exact reference
+// written here), and every malformed case giving FormatError, never a crash.
 #include <selfattn/io/npy.hpp>
 
 #include "support/expect_error.hpp"
@@ -7,11 +8,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -114,8 +117,8 @@ TEST(NpyRead, FortranOrderIsTransposedToCOrder) {
 
 TEST(NpyRead, UnsupportedDtypesAreNamed) {
   expect_error<FormatError>([] { read_npy<float, 1>(npy_fixture("i4_3.npy")); }, {"i4_3.npy", "unsupported dtype '<i4'"});
-  expect_error<FormatError>([] { read_npy<float, 1>(npy_fixture("f4_big_endian_3.npy")); }, {"'>f4'"});
-  expect_error<FormatError>([] { read_npy<float, 1>(npy_fixture("f2_3.npy")); }, {"'<f2'"});
+  expect_error<FormatError>([] { read_npy<float, 1>(npy_fixture("f4_big_endian_3.npy")); },
+                            {"'>f4'", "expected '<f2', '<f4' or '<f8'"});
 }
 
 TEST(NpyRead, WrongRankNamesFileAndShape) {
@@ -283,4 +286,294 @@ TEST(NpyMalformed, CorruptedBytesNeverCrash) {
 TEST(NpyToTensor, CheckedAgainstValues) {
   NdArray<float> a{{2, 2}, {1.0f, 2.0f, 3.0f}};  // inconsistent: 3 values for 4 elements
   expect_error<ShapeError>([&] { to_tensor<2>(a, "a"); }, {"a", "(2, 2)", "3 values"});
+}
+
+// ---- float16 and bfloat16 --------------------------------------------------------------------------------
+
+namespace {
+
+std::uint16_t bits_of(Eigen::half h) { return detail::element_bits(h); }
+std::uint16_t bits_of(Eigen::bfloat16 b) { return detail::element_bits(b); }
+Eigen::half half_bits(std::uint16_t bits) { return detail::element_from_bits<Eigen::half>(bits); }
+float float_bits(std::uint32_t bits) { return detail::element_from_bits<float>(bits); }
+double double_bits(std::uint64_t bits) { return detail::element_from_bits<double>(bits); }
+
+// Every 16-bit pattern once, as a tensor of T: NaNs with all payloads, both infinities, both zeros, subnormals.
+template <typename T>
+Tensor<T, 1> every_bit_pattern() {
+  Tensor<T, 1> t({65536});
+  for (Index n = 0; n < 65536; ++n) t(n) = detail::element_from_bits<T>(static_cast<std::uint16_t>(n));
+  return t;
+}
+
+// The 16-bit formats as plain numbers, independent of the library and of Eigen: exponent bits and bias,
+// significand bits. A positive finite pattern p has the value (2^m + mantissa) 2^(e - bias - m) for e > 0 and
+// mantissa 2^(1 - bias - m) for e = 0.
+struct Format16 {
+  int mantissa_bits;
+  int bias;
+  std::uint16_t infinity;  // the first pattern past the largest finite value: exponent all ones
+};
+constexpr Format16 float16_format{10, 15, 0x7c00};
+constexpr Format16 bfloat16_format{7, 127, 0x7f80};
+
+// The value of a non-negative pattern p <= infinity; the infinity pattern stands for 2^(emax + 1), the value
+// it would have with an unbounded exponent, which is what rounding to nearest compares against (IEEE 754
+// 7.4: overflow when the rounded value would reach it).
+double format16_value(const Format16& f, std::uint16_t p) {
+  const int exponent = p >> f.mantissa_bits;
+  const int mantissa = p & ((1 << f.mantissa_bits) - 1);
+  if (exponent == 0) return std::ldexp(static_cast<double>(mantissa), 1 - f.bias - f.mantissa_bits);
+  return std::ldexp(static_cast<double>((1 << f.mantissa_bits) + mantissa), exponent - f.bias - f.mantissa_bits);
+}
+
+// Rounds x (not NaN) to the format by search: the two patterns around |x|, the nearer, the even one on a tie.
+// Both neighbours are within a factor 2 of |x| (or 0), so the differences below are exact in double.
+std::uint16_t reference_round(const Format16& f, double x) {
+  const std::uint16_t sign = std::signbit(x) ? 0x8000 : 0;
+  const double magnitude = std::fabs(x);
+  if (magnitude >= format16_value(f, f.infinity)) return sign | f.infinity;
+  std::uint16_t low = 0, high = f.infinity;  // value(low) <= magnitude < value(high)
+  while (high - low > 1) {
+    const auto middle = static_cast<std::uint16_t>((low + high) / 2);
+    (format16_value(f, middle) <= magnitude ? low : high) = middle;
+  }
+  const double below = magnitude - format16_value(f, low), above = format16_value(f, high) - magnitude;
+  const std::uint16_t nearer = below < above ? low : above < below ? high : (low % 2 == 0 ? low : high);
+  return sign | nearer;
+}
+
+// Values read through a .npy file of Source values into T.
+template <typename T, typename Source>
+std::vector<T> read_as(const std::vector<Source>& values) {
+  Tensor<Source, 1> t({static_cast<Index>(values.size())});
+  std::copy(values.begin(), values.end(), t.data());
+  const std::string bytes = encode_npy(t);
+  return parse_npy_array<T>(bytes.data(), bytes.size()).values;
+}
+
+}  // namespace
+
+TEST(NpyHalf, NumpyFloat16FileReadsIntoEveryType) {
+  // make_fixtures.py wrote the ramp 0.25, 0.75, 1.25 as '<f2' with NumPy; all three are exact in both formats.
+  const std::string bytes = detail::read_binary_file("test", npy_fixture("f2_3.npy"));
+  const NpyHeader h = parse_npy_header(bytes.data(), bytes.size());
+  EXPECT_EQ(h.descr, "<f2");
+  EXPECT_EQ(h.item_size, 2u);
+  const Tensor<Eigen::half, 1> half = parse_npy<Eigen::half, 1>(bytes.data(), bytes.size());
+  ASSERT_EQ(half.dim(0), 3);
+  EXPECT_EQ(bits_of(half(0)), 0x3400);  // 2^-2
+  EXPECT_EQ(bits_of(half(1)), 0x3a00);  // 1.5 * 2^-1
+  EXPECT_EQ(bits_of(half(2)), 0x3d00);  // 1.25
+  expect_ramp(read_npy<float, 1>(npy_fixture("f2_3.npy")).data(), 3, 1.0);
+  expect_ramp(read_npy<double, 1>(npy_fixture("f2_3.npy")).data(), 3, 1.0);
+  const NdArray<Eigen::bfloat16> b = read_npy_array<Eigen::bfloat16>(npy_fixture("f2_3.npy"));
+  EXPECT_EQ(bits_of(b.values[0]), 0x3e80);
+  EXPECT_EQ(bits_of(b.values[1]), 0x3f40);
+  EXPECT_EQ(bits_of(b.values[2]), 0x3fa0);
+}
+
+TEST(NpyHalf, EveryPatternRoundTripsBitExact) {
+  const Tensor<Eigen::half, 1> all = every_bit_pattern<Eigen::half>();
+  const std::string bytes = encode_npy(all);
+  const NpyHeader h = parse_npy_header(bytes.data(), bytes.size());
+  EXPECT_EQ(h.descr, "<f2");
+  EXPECT_EQ(bytes.size(), h.data_offset + 2 * 65536);
+  EXPECT_NE(bytes.find("{'descr': '<f2', 'fortran_order': False, 'shape': (65536,), }"), std::string::npos);
+  // NaNs included: a half read as half is never converted, so every payload survives.
+  const Tensor<Eigen::half, 1> back = parse_npy<Eigen::half, 1>(bytes.data(), bytes.size());
+  EXPECT_EQ(std::memcmp(back.data(), all.data(), 2 * 65536), 0);
+  // Into float and double: exact, compared with Eigen's own float16 -> float (a second implementation).
+  const Tensor<float, 1> as_float = parse_npy<float, 1>(bytes.data(), bytes.size());
+  const Tensor<double, 1> as_double = parse_npy<double, 1>(bytes.data(), bytes.size());
+  for (Index n = 0; n < 65536; ++n) {
+    const float expected = static_cast<float>(all(n));
+    SCOPED_TRACE(n);
+    if (std::isnan(expected)) {
+      ASSERT_TRUE(std::isnan(as_float(n)) && std::isnan(as_double(n)));
+      ASSERT_EQ(std::signbit(as_float(n)), std::signbit(expected));
+    } else {
+      ASSERT_EQ(detail::element_bits(as_float(n)), detail::element_bits(expected));  // -0 stays -0
+      ASSERT_EQ(detail::element_bits(as_double(n)), detail::element_bits(static_cast<double>(expected)));
+    }
+  }
+}
+
+TEST(NpyHalf, FortranOrderFloat16IsTransposed) {
+  // (2, 3) in Fortran order: the bytes hold column after column.
+  const std::uint16_t column_major[] = {0x3c00, 0x4400, 0x4000, 0x4500, 0x4200, 0x4600};  // 1 4 2 5 3 6
+  std::string data;
+  for (std::uint16_t v : column_major) detail::store_le(data, v, 2);
+  const std::string dict = "{'descr': '<f2', 'fortran_order': True, 'shape': (2, 3), }";
+  const std::string bytes = make_npy(dict, data);
+  const Tensor<Eigen::half, 2> t = parse_npy<Eigen::half, 2>(bytes.data(), bytes.size());
+  const std::uint16_t row_major[] = {0x3c00, 0x4000, 0x4200, 0x4400, 0x4500, 0x4600};  // 1 2 3 4 5 6
+  for (Index n = 0; n < 6; ++n) EXPECT_EQ(bits_of(t.data()[n]), row_major[n]) << n;
+  EXPECT_EQ((parse_npy<float, 2>(bytes.data(), bytes.size())(1, 2)), 6.0f);
+}
+
+TEST(NpyHalf, Float16ErrorsNameTheDtype) {
+  const std::string data(6, '\0');
+  expect_format_error(make_npy("{'descr': '>f2', 'fortran_order': False, 'shape': (3,), }", data),
+                      {"unsupported dtype '>f2'", "'<f2', '<f4' or '<f8'"});
+  expect_format_error(make_npy("{'descr': '<f2', 'fortran_order': False, 'shape': (4,), }", data),
+                      {"shape (4,) of <f2 needs 4 x 2 bytes", "only 6 follow"});
+}
+
+TEST(NpyBfloat16, WrittenAsFloat32ExactlyAndReadBackBitExact) {
+  // NumPy has no bfloat16: the writer widens to '<f4', which is exact (the bfloat16 bits are the top half).
+  const Tensor<Eigen::bfloat16, 1> all = every_bit_pattern<Eigen::bfloat16>();
+  const std::string bytes = encode_npy(all);
+  const NpyHeader h = parse_npy_header(bytes.data(), bytes.size());
+  EXPECT_EQ(h.descr, "<f4");
+  EXPECT_EQ(bytes.size(), h.data_offset + 4 * 65536);
+  const Tensor<float, 1> as_float = parse_npy<float, 1>(bytes.data(), bytes.size());
+  const Tensor<Eigen::bfloat16, 1> back = parse_npy<Eigen::bfloat16, 1>(bytes.data(), bytes.size());
+  int nans = 0;
+  for (Index n = 0; n < 65536; ++n) {
+    SCOPED_TRACE(n);
+    const auto pattern = static_cast<std::uint16_t>(n);
+    const bool nan = (pattern & 0x7f80) == 0x7f80 && (pattern & 0x7f) != 0;
+    if (nan) {  // NaN stays NaN of the same sign; the payload is not promised through the float conversion
+      ++nans;
+      ASSERT_TRUE(std::isnan(as_float(n)));
+      ASSERT_TRUE(Eigen::numext::isnan(back(n)));
+      ASSERT_EQ(bits_of(back(n)) & 0x8000, pattern & 0x8000);
+    } else {
+      ASSERT_EQ(detail::element_bits(as_float(n)), static_cast<std::uint32_t>(pattern) << 16);
+      ASSERT_EQ(bits_of(back(n)), pattern);  // subnormals, infinities and -0 included
+    }
+  }
+  EXPECT_EQ(nans, 2 * 127);
+  // A file round trip through write_npy / read_npy.
+  const std::string path = ::testing::TempDir() + "selfattn_npy_bfloat16.npy";
+  write_npy(path, TensorView<const Eigen::bfloat16, 1>(all));
+  const Tensor<Eigen::bfloat16, 1> from_file = read_npy<Eigen::bfloat16, 1>(path);
+  std::filesystem::remove(path);
+  EXPECT_EQ(bits_of(from_file(0x3f80)), 0x3f80);
+  EXPECT_EQ(bits_of(from_file(0x8001)), 0x8001);
+}
+
+TEST(NpyHalfRounding, TiesGoToEven) {
+  // float32 -> float16: 1 + 2^-11 lies halfway between 1 (0x3c00, even) and 1 + 2^-10 (0x3c01).
+  const std::vector<float> to_half = {
+      float_bits(0x3f801000),  // 1 + 2^-11: tie -> 0x3c00
+      float_bits(0x3f803000),  // 1 + 3 * 2^-11: tie between 0x3c01 and 0x3c02 -> 0x3c02
+      float_bits(0x3f801001),  // just above the first tie -> 0x3c01
+      float_bits(0x3f800fff),  // just below it -> 0x3c00
+      65520.0f,                // tie between 65504 (0x7bff, odd) and 2^16 -> +inf
+      std::nextafter(65520.0f, 0.0f),  // -> 65504
+      -std::ldexp(1.0f, -25),          // half the smallest subnormal: tie -> -0
+      std::ldexp(3.0f, -25),           // 1.5 subnormal steps: tie between 0x0001 and 0x0002 -> 0x0002
+      std::ldexp(1.0f, -26),           // below half a step -> +0
+      -1e30f,                          // overflow -> -inf
+  };
+  const std::vector<std::uint16_t> expected_half = {0x3c00, 0x3c02, 0x3c01, 0x3c00, 0x7c00,
+                                                    0x7bff, 0x8000, 0x0002, 0x0000, 0xfc00};
+  const std::vector<Eigen::half> half = read_as<Eigen::half>(to_half);
+  for (std::size_t i = 0; i < half.size(); ++i) EXPECT_EQ(bits_of(half[i]), expected_half[i]) << i;
+
+  // float32 -> bfloat16: the low 16 bits 0x8000 are exactly half a bfloat16 step.
+  const std::vector<float> to_bfloat16 = {
+      float_bits(0x3f808000),  // tie between 0x3f80 (even) and 0x3f81 -> 0x3f80
+      float_bits(0x3f818000),  // tie between 0x3f81 and 0x3f82 -> 0x3f82
+      float_bits(0x3f808001),  // above -> 0x3f81
+      float_bits(0x7f7f8000),  // tie between the largest finite 0x7f7f (odd) and 2^128 -> +inf
+      float_bits(0x7f7f7fff),  // below it -> 0x7f7f
+      float_bits(0x80008000),  // subnormal tie between -0 and -0x0001 -> -0 (0x8000)
+      float_bits(0x00018000),  // subnormal tie between 0x0001 and 0x0002 -> 0x0002
+  };
+  const std::vector<std::uint16_t> expected_bfloat16 = {0x3f80, 0x3f82, 0x3f81, 0x7f80, 0x7f7f, 0x8000, 0x0002};
+  const std::vector<Eigen::bfloat16> bfloat16 = read_as<Eigen::bfloat16>(to_bfloat16);
+  for (std::size_t i = 0; i < bfloat16.size(); ++i) EXPECT_EQ(bits_of(bfloat16[i]), expected_bfloat16[i]) << i;
+
+  // float16 -> bfloat16 (11 significant bits to 8): 1 + 2^-8 is a tie -> 1; 1 + 3 * 2^-8 -> 1 + 2^-6.
+  const std::vector<Eigen::bfloat16> from_half =
+      read_as<Eigen::bfloat16>(std::vector<Eigen::half>{half_bits(0x3c04), half_bits(0x3c0c), half_bits(0x3c05)});
+  EXPECT_EQ(bits_of(from_half[0]), 0x3f80);
+  EXPECT_EQ(bits_of(from_half[1]), 0x3f82);
+  EXPECT_EQ(bits_of(from_half[2]), 0x3f81);  // just above the tie
+}
+
+TEST(NpyHalfRounding, Float64IsRoundedOnceNotTwice) {
+  // 1 + 2^-11 + 2^-40 is just above the float16 tie between 1 and 1 + 2^-10, so it rounds up. Rounding to
+  // float first loses the 2^-40 and leaves an exact tie, which goes down to 1: PyTorch 1.13's
+  // torch.tensor(x, dtype=torch.float64).half() gives 1.0, NumPy's astype(np.float16) 1.0009765625.
+  const std::vector<double> values = {
+      1 + std::ldexp(1.0, -11) + std::ldexp(1.0, -40),  // float16 -> 0x3c01 (double rounding: 0x3c00)
+      1 + std::ldexp(1.0, -8) + std::ldexp(1.0, -40),   // bfloat16 -> 0x3f81 (double rounding: 0x3f80); float16 0x3c04
+      -(1 + std::ldexp(1.0, -11) - std::ldexp(1.0, -40)),  // just below the tie -> -1 in both
+      1e39,    // beyond float's range: +inf in both
+      1e-50,   // below both formats' smallest subnormal: +0
+      -1e-50,  // -0
+      -0.0,
+      std::numeric_limits<double>::infinity(),
+  };
+  const std::vector<std::uint16_t> expected_half = {0x3c01, 0x3c04, 0xbc00, 0x7c00, 0x0000, 0x8000, 0x8000, 0x7c00};
+  const std::vector<std::uint16_t> expected_bfloat16 = {0x3f80, 0x3f81, 0xbf80, 0x7f80, 0x0000, 0x8000, 0x8000, 0x7f80};
+  const std::vector<Eigen::half> half = read_as<Eigen::half>(values);
+  const std::vector<Eigen::bfloat16> bfloat16 = read_as<Eigen::bfloat16>(values);
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    EXPECT_EQ(bits_of(half[i]), expected_half[i]) << i;
+    EXPECT_EQ(bits_of(bfloat16[i]), expected_bfloat16[i]) << i;
+  }
+  const std::vector<double> nan = {std::numeric_limits<double>::quiet_NaN(), -std::numeric_limits<double>::quiet_NaN()};
+  const std::vector<Eigen::half> half_nan = read_as<Eigen::half>(nan);
+  const std::vector<Eigen::bfloat16> bfloat16_nan = read_as<Eigen::bfloat16>(nan);
+  for (std::size_t i = 0; i < 2; ++i) {
+    EXPECT_TRUE(Eigen::numext::isnan(half_nan[i]) && Eigen::numext::isnan(bfloat16_nan[i]));
+    EXPECT_EQ(bits_of(half_nan[i]) >> 15, i);
+    EXPECT_EQ(bits_of(bfloat16_nan[i]) >> 15, i);
+  }
+}
+
+TEST(NpyHalfRounding, MatchesAnExactReference) {
+  // Random float32 and float64 values, and values at and next to the ties of both 16-bit formats (where
+  // double rounding would show), read into Eigen::half and Eigen::bfloat16 and compared with
+  // reference_round. Also every float16 pattern read as bfloat16.
+  std::mt19937_64 random(31);  // mt19937_64's sequence is fixed by the standard
+  std::vector<float> floats;
+  std::vector<double> doubles;
+  for (int i = 0; i < 100000; ++i) {
+    const auto bits = static_cast<std::uint32_t>(random());
+    if ((bits & 0x7f800000u) != 0x7f800000u) floats.push_back(float_bits(bits));  // not inf or NaN
+    doubles.push_back(double_bits(random()));
+    // A random sign and significand with a binary exponent in [-30, 20): float16's range and around it.
+    const std::uint64_t exponent = 1023 - 30 + random() % 50;
+    const std::uint64_t in_range = (random() & 0x800fffffffffffffull) | (exponent << 52);
+    doubles.push_back(double_bits(in_range));
+    floats.push_back(static_cast<float>(double_bits(in_range)));
+  }
+  for (const Format16& f : {float16_format, bfloat16_format}) {
+    for (std::uint16_t p = 0; p < f.infinity; p = static_cast<std::uint16_t>(p + 1 + random() % 7)) {
+      const double low = format16_value(f, p), high = format16_value(f, static_cast<std::uint16_t>(p + 1));
+      const double tie = low + (high - low) / 2;  // exact in double
+      for (double x : {tie, std::nextafter(tie, 0.0), std::nextafter(tie, 1e300), -tie,
+                       tie + (high - low) * 0x1p-40, tie - (high - low) * 0x1p-40}) {
+        doubles.push_back(x);
+        floats.push_back(static_cast<float>(x));
+      }
+    }
+  }
+  doubles.erase(std::remove_if(doubles.begin(), doubles.end(), [](double x) { return std::isnan(x); }), doubles.end());
+  const auto check = [](const auto& source, const auto& read, const Format16& f, const char* what) {
+    int mismatches = 0;
+    for (std::size_t i = 0; i < source.size(); ++i) {
+      const std::uint16_t expected = reference_round(f, static_cast<double>(source[i]));
+      if (bits_of(read[i]) != expected && ++mismatches <= 5)
+        ADD_FAILURE() << what << ": " << std::hexfloat << static_cast<double>(source[i]) << " gave " << std::hex
+                      << bits_of(read[i]) << ", expected " << expected;
+    }
+    EXPECT_EQ(mismatches, 0) << what << " of " << source.size();
+  };
+  check(floats, read_as<Eigen::half>(floats), float16_format, "float32 -> float16");
+  check(floats, read_as<Eigen::bfloat16>(floats), bfloat16_format, "float32 -> bfloat16");
+  check(doubles, read_as<Eigen::half>(doubles), float16_format, "float64 -> float16");
+  check(doubles, read_as<Eigen::bfloat16>(doubles), bfloat16_format, "float64 -> bfloat16");
+  std::vector<float> half_values;  // every finite float16 value, exactly
+  for (std::uint32_t p = 0; p < 65536; ++p)
+    if ((p & 0x7c00) != 0x7c00) half_values.push_back(static_cast<float>(half_bits(static_cast<std::uint16_t>(p))));
+  std::vector<Eigen::half> halves;
+  for (float v : half_values) halves.push_back(Eigen::half(v));
+  check(half_values, read_as<Eigen::bfloat16>(halves), bfloat16_format, "float16 -> bfloat16");
 }

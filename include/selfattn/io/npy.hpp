@@ -1,6 +1,6 @@
 /// \file
-/// NumPy `.npy` files: read (format versions 1.0, 2.0 and 3.0; little-endian float32 and float64; C or
-/// Fortran order) and write (version 1.0, or 2.0 when the header needs it), from a path or from bytes in
+/// NumPy `.npy` files: read (format versions 1.0, 2.0 and 3.0; little-endian float16, float32 and float64; C
+/// or Fortran order) and write (version 1.0, or 2.0 when the header needs it), from a path or from bytes in
 /// memory, plus `NdArray`, the dynamic-rank array a file holds before it is given a static rank.
 ///
 /// The file layout (numpy/lib/format.py, NEP 1):
@@ -12,6 +12,21 @@
 /// without escapes, True/False, tuples of non-negative decimal integers), never by a general evaluator, so
 /// malformed bytes give a FormatError and can do nothing else. Every length in the file is checked against
 /// the bytes actually present before anything is read or allocated: allocations never exceed the input size.
+///
+/// Element types: float, double, Eigen::half and Eigen::bfloat16, from any of the three file dtypes.
+/// - '<f2' (float16) into Eigen::half copies the 16 bits; '<f4' into float and '<f8' into double copy too.
+/// - Widening is exact: '<f2' into float or double (float holds every float16 value), '<f4' into double.
+/// - Narrowing rounds once, to nearest with ties to even: '<f8' into float; '<f4' or '<f8' into Eigen::half
+///   or Eigen::bfloat16; '<f2' into Eigen::bfloat16 (8 significant bits against float16's 11). float64 is
+///   narrowed to float rounding to odd first, which makes the second rounding the correctly rounded result
+///   (no double rounding; PyTorch 1.13's float64 -> float16 does round twice, NumPy's does not). Overflow
+///   gives an infinity, underflow a subnormal or a signed zero; NaN stays NaN of the same sign (its payload
+///   is not guaranteed).
+/// - NumPy has no bfloat16 dtype, so encode_npy / write_npy write a bfloat16 tensor as '<f4' (float32). That
+///   is exact (every bfloat16 is a float32 with 16 zero low bits: it *is* PyTorch's `t.float().numpy()`),
+///   every NumPy reads it, and reading the file back into Eigen::bfloat16 gives the same bits (NaN payloads
+///   aside). The price is 4 bytes per element instead of 2; for 2-byte bfloat16 storage use .safetensors
+///   (dtype BF16).
 #pragma once
 
 #include <selfattn/errors.hpp>
@@ -20,6 +35,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -125,6 +141,123 @@ inline double load_f64(const unsigned char* p) {
   double d;
   std::memcpy(&d, &bits, sizeof d);
   return d;
+}
+
+/// IEEE binary16 -> float, exactly: normals rebias the exponent (15 -> 127), subnormals are mantissa * 2^-24.
+inline float half_to_float(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+  if (exponent == 0) {
+    const float magnitude = std::ldexp(static_cast<float>(mantissa), -24);
+    return sign ? -magnitude : magnitude;
+  }
+  std::uint32_t bits = exponent == 0x1f ? (sign | 0x7f800000u | (mantissa << 13))  // inf, NaN (payload kept)
+                                        : (sign | ((exponent + 112u) << 23) | (mantissa << 13));
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+/// bfloat16 -> float: bfloat16 is the top half of a float32.
+inline float bfloat16_to_float(std::uint16_t h) {
+  const std::uint32_t bits = static_cast<std::uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+/// The element types the file readers and writers accept.
+template <typename T>
+constexpr bool is_file_element = std::is_same_v<T, float> || std::is_same_v<T, double> ||
+                                 std::is_same_v<T, Eigen::half> || std::is_same_v<T, Eigen::bfloat16>;
+
+/// The unsigned integer as wide as a file element type, to move its bits without converting its value.
+template <typename T>
+using element_bits_t =
+    std::conditional_t<sizeof(T) == 2, std::uint16_t, std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>;
+
+template <typename T>
+element_bits_t<T> element_bits(const T& value) {
+  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) == sizeof(element_bits_t<T>), "a 2, 4 or 8 byte float type");
+  element_bits_t<T> bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  return bits;
+}
+
+template <typename T>
+T element_from_bits(element_bits_t<T> bits) {
+  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) == sizeof(element_bits_t<T>), "a 2, 4 or 8 byte float type");
+  T value;
+  // Through void*: g++'s -Wclass-memaccess objects to Eigen::half's user-provided default constructor, but the
+  // type is trivially copyable (asserted above), which is all memcpy needs.
+  std::memcpy(static_cast<void*>(&value), &bits, sizeof bits);
+  return value;
+}
+
+/// double -> float rounding to odd: exact values are kept, any other goes to the float of the two around it
+/// whose last significand bit is 1 (beyond the float range: FLT_MAX, below it: the smallest subnormal, both
+/// signed). Rounding that float to nearest-even at 2 or more bits less precision (float16: 11 bits,
+/// bfloat16: 8, against float's 24) then gives the correctly rounded result of the double (Boldo and
+/// Melquiond, "When double rounding is odd", 2005); rounding the double to nearest float first would not.
+inline float narrow_to_float_round_to_odd(double value) {
+  float nearest = static_cast<float>(value);
+  if (std::isnan(value) || static_cast<double>(nearest) == value) return nearest;  // exact, infinite or NaN
+  if (std::fabs(static_cast<double>(nearest)) > std::fabs(value)) nearest = std::nextafter(nearest, 0.0f);  // toward 0
+  return element_from_bits<float>(element_bits(nearest) | 1u);
+}
+
+/// A float converted to the element type T: exact for float and double, rounded to nearest even for
+/// Eigen::half and Eigen::bfloat16 (Eigen's constructors).
+template <typename T>
+T element_from_float(float value) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
+    return static_cast<T>(value);
+  else
+    return T(value);
+}
+
+/// A double converted to the element type T with one rounding to nearest even.
+template <typename T>
+T element_from_double(double value) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
+    return static_cast<T>(value);
+  else
+    return T(narrow_to_float_round_to_odd(value));
+}
+
+/// The floating-point encodings stored in .npy ('<f2', '<f4', '<f8') and .safetensors (F16, BF16, F32, F64).
+enum class StoredFloat { float16, bfloat16, float32, float64 };
+
+/// Bytes per element of a stored encoding.
+constexpr std::size_t stored_float_size(StoredFloat kind) {
+  return kind == StoredFloat::float64 ? 8 : kind == StoredFloat::float32 ? 4 : 2;
+}
+
+/// One little-endian stored element at `p`, as T: the bits themselves when T is the stored type, else the
+/// value converted (exactly when T can hold it, else rounded once to nearest even; see the file comment).
+template <typename T>
+T decode_stored_float(StoredFloat kind, const unsigned char* p) {
+  switch (kind) {
+    case StoredFloat::float16: {
+      const auto bits = static_cast<std::uint16_t>(load_le(p, 2));
+      if constexpr (std::is_same_v<T, Eigen::half>)
+        return element_from_bits<Eigen::half>(bits);
+      else  // float16 -> float is exact, so this is one rounding at most
+        return element_from_float<T>(half_to_float(bits));
+    }
+    case StoredFloat::bfloat16: {
+      const auto bits = static_cast<std::uint16_t>(load_le(p, 2));
+      if constexpr (std::is_same_v<T, Eigen::bfloat16>)
+        return element_from_bits<Eigen::bfloat16>(bits);
+      else
+        return element_from_float<T>(bfloat16_to_float(bits));
+    }
+    case StoredFloat::float32:
+      return element_from_float<T>(load_f32(p));
+    case StoredFloat::float64:
+      break;
+  }
+  return element_from_double<T>(load_f64(p));
 }
 
 /// Reads a whole file into memory; std::runtime_error when it cannot (an I/O error, not a format error).
@@ -291,8 +424,8 @@ class NpyDictParser {
 /// \brief What a `.npy` header says, validated against the bytes that follow it.
 struct NpyHeader {
   int major_version = 1;          ///< 1, 2 or 3 (minor version is always 0)
-  std::string descr;              ///< "<f4" or "<f8": the only dtypes accepted
-  std::size_t item_size = 4;      ///< bytes per element: 4 or 8
+  std::string descr;              ///< "<f2", "<f4" or "<f8": the only dtypes accepted
+  std::size_t item_size = 4;      ///< bytes per element: 2, 4 or 8
   bool fortran_order = false;     ///< true: data in column-major order (readers transpose to C order)
   std::vector<Index> shape;       ///< extents; empty for a 0-d array
   Index element_count = 1;        ///< product of the extents
@@ -334,15 +467,17 @@ inline NpyHeader parse_npy_header(const char* data, std::size_t size, const std:
                              std::to_string(size - prefix) + " follow the preamble");
 
   detail::NpyDictParser::Result dict = detail::NpyDictParser(data + prefix, data + prefix + header_length, source).parse();
-  if (dict.descr == "<f4") {
+  if (dict.descr == "<f2") {
+    h.item_size = 2;
+  } else if (dict.descr == "<f4") {
     h.item_size = 4;
   } else if (dict.descr == "<f8") {
     h.item_size = 8;
   } else {
     detail::throw_format(fn, source,
                          "unsupported dtype '" + dict.descr +
-                             "': expected '<f4' or '<f8' (little-endian float32 or float64); convert with "
-                             "arr.astype('<f4') in NumPy");
+                             "': expected '<f2', '<f4' or '<f8' (little-endian float16, float32 or float64); convert "
+                             "with arr.astype('<f4') in NumPy");
   }
   h.descr = std::move(dict.descr);
   h.fortran_order = dict.fortran_order;
@@ -364,27 +499,31 @@ inline NpyHeader parse_npy_header(const char* data, std::size_t size, const std:
   return h;
 }
 
-/// \brief Decodes a whole `.npy` file held in memory into an NdArray<T> (T float or double) in C order.
+/// \brief Decodes a whole `.npy` file held in memory into an NdArray<T> in C order; T is float, double,
+/// Eigen::half or Eigen::bfloat16.
 ///
-/// float32 and float64 data both convert to T (float64 -> float rounds to nearest). Fortran-order data is
-/// transposed into C order, so `values` is always row-major. Throws FormatError for anything malformed.
+/// float16, float32 and float64 data all convert to T: bit for bit when the file holds T's own format ('<f2'
+/// into Eigen::half), exactly when T is wider, rounded once to nearest even when it is narrower (see the file
+/// comment). Fortran-order data is transposed into C order, so `values` is always row-major. Throws
+/// FormatError for anything malformed.
 /// \code
 /// std::string bytes = ...;                          // a whole .npy file
 /// NdArray<double> a = parse_npy_array<double>(bytes.data(), bytes.size());
 /// \endcode
 template <typename T>
 NdArray<T> parse_npy_array(const char* data, std::size_t size, const std::string& source = "<memory>") {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "parse_npy_array<T>: T is float or double");
+  static_assert(detail::is_file_element<T>,
+                "parse_npy_array<T>: T is float, double, Eigen::half or Eigen::bfloat16");
   const NpyHeader h = parse_npy_header(data, size, source);
+  const detail::StoredFloat stored = h.item_size == 2   ? detail::StoredFloat::float16
+                                     : h.item_size == 4 ? detail::StoredFloat::float32
+                                                        : detail::StoredFloat::float64;
   NdArray<T> a;
   a.shape = h.shape;
   const auto count = static_cast<std::size_t>(h.element_count);
   a.values.resize(count);  // count * item_size bytes are present: the allocation is bounded by the input
   const auto* bytes = reinterpret_cast<const unsigned char*>(data) + h.data_offset;
-  const auto load = [&](std::size_t n) {
-    const unsigned char* p = bytes + n * h.item_size;
-    return h.item_size == 4 ? static_cast<T>(detail::load_f32(p)) : static_cast<T>(detail::load_f64(p));
-  };
+  const auto load = [&](std::size_t n) { return detail::decode_stored_float<T>(stored, bytes + n * h.item_size); };
   if (!h.fortran_order || h.shape.size() < 2) {  // rank 0 and 1: both orders are the same
     for (std::size_t n = 0; n < count; ++n) a.values[n] = load(n);
     return a;
@@ -455,7 +594,8 @@ NdArray<T> read_npy_array(const std::string& path) {
   return parse_npy_array<T>(bytes.data(), bytes.size(), path);
 }
 
-/// \brief Reads a `.npy` file into a Tensor<T, Rank> (T float or double; the file float32 or float64).
+/// \brief Reads a `.npy` file into a Tensor<T, Rank> (T float, double, Eigen::half or Eigen::bfloat16; the file
+/// float16, float32 or float64, converted as parse_npy_array says).
 ///
 /// \code
 /// Tensor<float, 3> x = read_npy<float, 3>("input.npy");   // (B, L, E), saved by np.save
@@ -465,19 +605,25 @@ Tensor<T, Rank> read_npy(const std::string& path) {
   return to_tensor<Rank>(read_npy_array<T>(path), path);
 }
 
-/// \brief Encodes a tensor or view (float or double, any strides) as the bytes of a `.npy` file: format 1.0
-/// (2.0 if the header exceeds 65535 bytes), C order, dtype '<f4' or '<f8', header padded to 64 bytes as
-/// NumPy writes it.
+/// \brief Encodes a tensor or view (any strides) as the bytes of a `.npy` file: format 1.0 (2.0 if the header
+/// exceeds 65535 bytes), C order, header padded to 64 bytes as NumPy writes it.
+///
+/// The dtype is the element type's: '<f4' for float, '<f8' for double, '<f2' for Eigen::half (the bits as
+/// they are). Eigen::bfloat16 is written as '<f4', exactly, because NumPy has no bfloat16 dtype (see the file
+/// comment); read_npy<Eigen::bfloat16, R> gives the same bits back.
 /// \code
 /// std::string bytes = encode_npy(x);   // np.load(io.BytesIO(bytes)) gives x back
 /// \endcode
 template <typename X, typename = std::enable_if_t<detail::tensor_traits<std::decay_t<X>>::is_tensor>>
 std::string encode_npy(const X& tensor) {
   using T = detail::scalar_of<X>;
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "encode_npy: element type float or double");
+  static_assert(detail::is_file_element<T>, "encode_npy: element type float, double, Eigen::half or Eigen::bfloat16");
+  constexpr bool widen_to_float32 = std::is_same_v<T, Eigen::bfloat16>;  // NumPy has no bfloat16
+  constexpr std::size_t item_size = widen_to_float32 ? 4 : sizeof(T);
   constexpr int rank = detail::tensor_traits<std::decay_t<X>>::rank;
   const auto view = detail::const_view(tensor);
-  std::string dict = std::string("{'descr': '") + (sizeof(T) == 4 ? "<f4" : "<f8") + "', 'fortran_order': False, 'shape': (";
+  const char* descr = item_size == 2 ? "<f2" : item_size == 4 ? "<f4" : "<f8";
+  std::string dict = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (";
   for (int d = 0; d < rank; ++d) dict += std::to_string(view.dim(d)) + (rank == 1 || d + 1 < rank ? "," : "") + (d + 1 < rank ? " " : "");
   dict += "), }";
   // Pad with spaces and end with '\n' so that the data starts at a multiple of 64 bytes.
@@ -494,17 +640,19 @@ std::string encode_npy(const X& tensor) {
   out += dict;
   out.append(header_length - dict.size() - 1, ' ');
   out.push_back('\n');
-  out.reserve(out.size() + static_cast<std::size_t>(view.size()) * sizeof(T));
+  out.reserve(out.size() + static_cast<std::size_t>(view.size()) * item_size);
   const Tensor<T, rank> dense(view);  // gathers any strides into row-major order
   for (Index n = 0; n < dense.size(); ++n) {
-    std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t> bits;
-    std::memcpy(&bits, dense.data() + n, sizeof(T));
-    detail::store_le(out, bits, sizeof(T));
+    if constexpr (widen_to_float32)
+      detail::store_le(out, detail::element_bits(static_cast<float>(dense.data()[n])), 4);  // exact
+    else
+      detail::store_le(out, detail::element_bits(dense.data()[n]), item_size);
   }
   return out;
 }
 
-/// \brief Writes a tensor or view (float or double) to a `.npy` file that `np.load` reads (see encode_npy).
+/// \brief Writes a tensor or view (float, double, Eigen::half; Eigen::bfloat16 as float32) to a `.npy` file
+/// that `np.load` reads (see encode_npy).
 /// I/O failures throw std::runtime_error.
 /// \code
 /// write_npy("output.npy", fwd.output);
