@@ -16,9 +16,19 @@
 /// shape's element count fits in Index, end - begin is exactly count * dtype size, and the tensors tile the
 /// data section with neither overlap nor hole. Any failure throws FormatError (an std::invalid_argument).
 ///
-/// Conversions: F32 and F64 convert to the requested float or double (F64 -> float rounds to nearest); F16
-/// and BF16 convert exactly to float or double (subnormals, infinities and NaN kept). Other dtypes (integer,
-/// BOOL, FP8) may be present in a file, but reading them as floating point throws FormatError.
+/// Conversions, to the element type asked for (float, double, Eigen::half or Eigen::bfloat16):
+/// - the file's own format is copied bit for bit: F32 into float, F64 into double, F16 into Eigen::half,
+///   BF16 into Eigen::bfloat16;
+/// - widening is exact: F16 and BF16 into float or double (subnormals, infinities, NaN and -0 kept), F32
+///   into double;
+/// - anything else rounds once to nearest, ties to even: F64 into float; F32 and F64 into Eigen::half or
+///   Eigen::bfloat16; F16 into Eigen::bfloat16 and BF16 into Eigen::half (through float, which holds both
+///   exactly, so the only rounding is the last). F64 into a 16-bit type is correctly rounded, not rounded
+///   twice (see selfattn/io/npy.hpp). Overflow gives an infinity; NaN stays NaN of the same sign (its payload
+///   is not guaranteed).
+/// Other dtypes (integer, BOOL, FP8) may be present in a file, but reading them as floating point throws
+/// FormatError. The writer stores float as F32, double as F64, Eigen::half as F16 and Eigen::bfloat16 as
+/// BF16, bit for bit, so every tensor reads back identical.
 #pragma once
 
 #include <selfattn/errors.hpp>
@@ -29,12 +39,11 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -67,27 +76,23 @@ inline std::size_t safetensors_item_size(const std::string& dtype) {
   return 0;
 }
 
-/// IEEE binary16 -> float, exactly: normals rebias the exponent (15 -> 127), subnormals are mantissa * 2^-24.
-inline float half_to_float(std::uint16_t h) {
-  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  const std::uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
-  if (exponent == 0) {
-    const float magnitude = std::ldexp(static_cast<float>(mantissa), -24);
-    return sign ? -magnitude : magnitude;
-  }
-  std::uint32_t bits = exponent == 0x1f ? (sign | 0x7f800000u | (mantissa << 13))  // inf, NaN (payload kept)
-                                        : (sign | ((exponent + 112u) << 23) | (mantissa << 13));
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
+/// The stored encoding of a floating-point dtype name; empty for any other dtype (integers, BOOL, FP8).
+inline std::optional<StoredFloat> stored_float_of_dtype(const std::string& dtype) {
+  if (dtype == "F32") return StoredFloat::float32;
+  if (dtype == "F64") return StoredFloat::float64;
+  if (dtype == "F16") return StoredFloat::float16;
+  if (dtype == "BF16") return StoredFloat::bfloat16;
+  return std::nullopt;
 }
 
-/// bfloat16 -> float: bfloat16 is the top half of a float32.
-inline float bfloat16_to_float(std::uint16_t h) {
-  const std::uint32_t bits = static_cast<std::uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
+/// The safetensors dtype a file element type is written as.
+template <typename T>
+constexpr const char* safetensors_dtype_of() {
+  static_assert(is_file_element<T>, "SafetensorsWriter: float, double, Eigen::half or Eigen::bfloat16 tensors");
+  if constexpr (std::is_same_v<T, float>) return "F32";
+  else if constexpr (std::is_same_v<T, double>) return "F64";
+  else if constexpr (std::is_same_v<T, Eigen::half>) return "F16";
+  else return "BF16";
 }
 
 inline std::uint64_t json_unsigned(const char* fn, const std::string& source, const nlohmann::json& value,
@@ -142,30 +147,23 @@ class SafetensorsFile {
   /// The file (or "<memory>") it was read from, as used in error messages.
   const std::string& source() const { return source_; }
 
-  /// Tensor `name` as an NdArray<T> of any rank, converted from F32, F64, F16 or BF16.
+  /// Tensor `name` as an NdArray<T> of any rank (T float, double, Eigen::half or Eigen::bfloat16), from F32,
+  /// F64, F16 or BF16: bit for bit when the dtype is T's own, else converted as the file comment says.
   template <typename T>
   NdArray<T> array(const std::string& name) const {
-    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "SafetensorsFile::array<T>: T is float or double");
+    static_assert(detail::is_file_element<T>,
+                  "SafetensorsFile::array<T>: T is float, double, Eigen::half or Eigen::bfloat16");
     const SafetensorsTensorInfo& entry = info(name);
+    const std::optional<detail::StoredFloat> stored = detail::stored_float_of_dtype(entry.dtype);
+    if (!stored)
+      detail::throw_format("SafetensorsFile::array", source_,
+                           "tensor '" + name + "' has dtype " + entry.dtype + "; readable dtypes are F32, F64, F16, BF16");
     const auto* p = reinterpret_cast<const unsigned char*>(bytes_.data()) + data_offset_ + entry.begin;
     NdArray<T> a;
     a.shape = entry.shape;
     const std::size_t count = (entry.end - entry.begin) / entry.item_size;
     a.values.resize(count);
-    if (entry.dtype == "F32") {
-      for (std::size_t n = 0; n < count; ++n) a.values[n] = static_cast<T>(detail::load_f32(p + 4 * n));
-    } else if (entry.dtype == "F64") {
-      for (std::size_t n = 0; n < count; ++n) a.values[n] = static_cast<T>(detail::load_f64(p + 8 * n));
-    } else if (entry.dtype == "F16" || entry.dtype == "BF16") {
-      const bool half = entry.dtype == "F16";
-      for (std::size_t n = 0; n < count; ++n) {
-        const auto bits = static_cast<std::uint16_t>(detail::load_le(p + 2 * n, 2));
-        a.values[n] = static_cast<T>(half ? detail::half_to_float(bits) : detail::bfloat16_to_float(bits));
-      }
-    } else {
-      detail::throw_format("SafetensorsFile::array", source_,
-                           "tensor '" + name + "' has dtype " + entry.dtype + "; readable dtypes are F32, F64, F16, BF16");
-    }
+    for (std::size_t n = 0; n < count; ++n) a.values[n] = detail::decode_stored_float<T>(*stored, p + entry.item_size * n);
     return a;
   }
 
@@ -305,7 +303,8 @@ inline SafetensorsFile read_safetensors(const std::string& path) {
   return SafetensorsFile(detail::read_binary_file("read_safetensors", path), path);
 }
 
-/// \brief Builds a `.safetensors` file from float (F32) and double (F64) tensors.
+/// \brief Builds a `.safetensors` file from float (F32), double (F64), Eigen::half (F16) and Eigen::bfloat16
+/// (BF16) tensors, each stored bit for bit in its own dtype.
 ///
 /// Tensors are laid out in name order; the header is padded with spaces to a multiple of 8 bytes, as the
 /// reference implementation writes it.
@@ -317,7 +316,7 @@ inline SafetensorsFile read_safetensors(const std::string& path) {
 /// \endcode
 class SafetensorsWriter {
  public:
-  /// Adds a Tensor or TensorView (float or double, any strides) under `name`.
+  /// Adds a Tensor or TensorView (float, double, Eigen::half or Eigen::bfloat16; any strides) under `name`.
   template <typename X, typename = std::enable_if_t<detail::tensor_traits<std::decay_t<X>>::is_tensor>>
   void add(const std::string& name, const X& tensor) {
     using T = detail::scalar_of<X>;
@@ -373,16 +372,12 @@ class SafetensorsWriter {
 
   template <typename T>
   void add_values(const std::string& name, const std::vector<Index>& shape, const T* values, std::size_t count) {
-    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "SafetensorsWriter: float or double tensors");
+    constexpr const char* dtype = detail::safetensors_dtype_of<T>();
     if (name == "__metadata__") throw std::invalid_argument("[SafetensorsWriter::add] '__metadata__' is reserved");
     if (entries_.count(name)) throw std::invalid_argument("[SafetensorsWriter::add] duplicate tensor name '" + name + "'");
-    Entry entry{sizeof(T) == 4 ? "F32" : "F64", shape, {}};
+    Entry entry{dtype, shape, {}};
     entry.data.reserve(count * sizeof(T));
-    for (std::size_t n = 0; n < count; ++n) {
-      std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t> bits;
-      std::memcpy(&bits, values + n, sizeof(T));
-      detail::store_le(entry.data, bits, sizeof(T));
-    }
+    for (std::size_t n = 0; n < count; ++n) detail::store_le(entry.data, detail::element_bits(values[n]), sizeof(T));
     entries_.emplace(name, std::move(entry));
   }
 
@@ -390,8 +385,9 @@ class SafetensorsWriter {
   std::map<std::string, std::string> metadata_;
 };
 
-/// \brief The tensors of a `.safetensors` file whose names start with `prefix`, converted to T (only those are
-/// decoded, so other tensors of any dtype may share the file). Throws FormatError for a non-float dtype.
+/// \brief The tensors of a `.safetensors` file whose names start with `prefix`, converted to T (float, double,
+/// Eigen::half or Eigen::bfloat16, as SafetensorsFile::array converts; only those tensors are decoded, so other
+/// tensors of any dtype may share the file). Throws FormatError for a non-float dtype.
 /// \code
 /// StateDict<float> sd = state_dict_from_safetensors<float>(read_safetensors("model.safetensors"), "attn.");
 /// \endcode
