@@ -1,6 +1,8 @@
 // tests/safetensors_test.cpp — selfattn/io/safetensors.hpp: the file PyTorch's side wrote
-// (examples/from_pytorch/data, by save_mha.py), round trips through SafetensorsWriter, F16/BF16 conversion,
-// and every malformed case giving FormatError, never a crash. Skipped without nlohmann/json.
+// (examples/from_pytorch/data, by save_mha.py), round trips through SafetensorsWriter, F16/BF16 conversion
+// to and from float and Eigen::half / Eigen::bfloat16 (against tests/fixtures/half, made by
+// tests/pytorch/make_half_fixtures.py), and every malformed case giving FormatError, never a crash. Skipped
+// without nlohmann/json.
 #include <selfattn/io/safetensors.hpp>
 
 #include <gtest/gtest.h>
@@ -245,6 +247,196 @@ TEST(SafetensorsMalformed, CorruptedBytesNeverCrash) {
     }
   EXPECT_GT(errors, 0);
   EXPECT_GT(parsed, 0);
+}
+
+// ---- Eigen::half and Eigen::bfloat16 --------------------------------------------------------------------------
+
+namespace {
+
+std::uint16_t bits_of(Eigen::half h) { return detail::element_bits(h); }
+std::uint16_t bits_of(Eigen::bfloat16 b) { return detail::element_bits(b); }
+
+template <typename T>
+Tensor<T, 1> every_bit_pattern() {
+  Tensor<T, 1> t({65536});
+  for (Index n = 0; n < 65536; ++n) t(n) = detail::element_from_bits<T>(static_cast<std::uint16_t>(n));
+  return t;
+}
+
+std::string half_fixture(const std::string& name) { return std::string(SELFATTN_FIXTURE_DIR) + "/half/" + name; }
+
+bool is_nan_bits(Eigen::half h) { return (bits_of(h) & 0x7fff) > 0x7c00; }
+bool is_nan_bits(Eigen::bfloat16 b) { return (bits_of(b) & 0x7fff) > 0x7f80; }
+
+// Bit for bit, except that two NaNs match whatever their sign and payload (PyTorch's float -> bfloat16 makes
+// every NaN +0x7fc0, Eigen's keeps the sign).
+template <typename T>
+void expect_same_bits(const NdArray<T>& got, const NdArray<T>& expected, const std::string& what) {
+  ASSERT_EQ(got.shape, expected.shape) << what;
+  for (std::size_t i = 0; i < got.values.size(); ++i) {
+    if (is_nan_bits(expected.values[i])) {
+      EXPECT_TRUE(is_nan_bits(got.values[i])) << what << " [" << i << "]";
+    } else {
+      EXPECT_EQ(bits_of(got.values[i]), bits_of(expected.values[i])) << what << " [" << i << "]";
+    }
+  }
+}
+
+}  // namespace
+
+TEST(SafetensorsHalf, RoundTripBitExact) {
+  // Every 16-bit pattern in each format, NaN payloads included: written in the tensor's own dtype, read as it.
+  const Tensor<Eigen::half, 1> half = every_bit_pattern<Eigen::half>();
+  const Tensor<Eigen::bfloat16, 1> bfloat16 = every_bit_pattern<Eigen::bfloat16>();
+  Tensor<Eigen::bfloat16, 3> cube({3, 4, 2});
+  for (Index n = 0; n < 24; ++n) cube.data()[n] = Eigen::bfloat16(0.5f * static_cast<float>(n) - 2.0f);
+  SafetensorsWriter w;
+  w.add("half", half);
+  w.add("bfloat16", bfloat16);
+  w.add("permuted", TensorView<const Eigen::bfloat16, 3>(cube).permute({1, 0, 2}));  // (4, 3, 2), strided
+  w.add("scalar", NdArray<Eigen::half>{{}, {Eigen::half(-0.0f)}});
+  w.add("float", Tensor<float, 1>({2}));  // dtypes mix in one file
+  const std::string bytes = w.encode();
+  const SafetensorsFile f = parse_safetensors(bytes.data(), bytes.size());
+  EXPECT_EQ(f.info("half").dtype, "F16");
+  EXPECT_EQ(f.info("bfloat16").dtype, "BF16");
+  EXPECT_EQ(f.info("scalar").dtype, "F16");
+  EXPECT_EQ(f.info("float").dtype, "F32");
+  EXPECT_EQ(f.info("half").end - f.info("half").begin, 2u * 65536);
+  const Tensor<Eigen::half, 1> half_back = f.tensor<Eigen::half, 1>("half");
+  const Tensor<Eigen::bfloat16, 1> bfloat16_back = f.tensor<Eigen::bfloat16, 1>("bfloat16");
+  EXPECT_EQ(std::memcmp(half_back.data(), half.data(), 2 * 65536), 0);
+  EXPECT_EQ(std::memcmp(bfloat16_back.data(), bfloat16.data(), 2 * 65536), 0);
+  const Tensor<Eigen::bfloat16, 3> permuted = f.tensor<Eigen::bfloat16, 3>("permuted");
+  ASSERT_EQ(permuted.shape(), (std::array<Index, 3>{4, 3, 2}));
+  for (Index i = 0; i < 4; ++i)
+    for (Index j = 0; j < 3; ++j)
+      for (Index k = 0; k < 2; ++k) EXPECT_EQ(bits_of(permuted(i, j, k)), bits_of(cube(j, i, k)));
+  EXPECT_EQ(bits_of(f.array<Eigen::half>("scalar").values.at(0)), 0x8000);
+  // Read as float, F16 and BF16 widen exactly (compared with Eigen's conversions, a second implementation).
+  const NdArray<float> half_as_float = f.array<float>("half");
+  const NdArray<double> bfloat16_as_double = f.array<double>("bfloat16");
+  for (Index n = 0; n < 65536; ++n) {
+    const float h = static_cast<float>(half(n)), b = static_cast<float>(bfloat16(n));
+    const auto i = static_cast<std::size_t>(n);
+    if (std::isnan(h)) {
+      ASSERT_TRUE(std::isnan(half_as_float.values[i])) << n;
+    } else {
+      ASSERT_EQ(detail::element_bits(half_as_float.values[i]), detail::element_bits(h)) << n;
+    }
+    if (std::isnan(b)) {
+      ASSERT_TRUE(std::isnan(bfloat16_as_double.values[i])) << n;
+    } else {
+      ASSERT_EQ(detail::element_bits(bfloat16_as_double.values[i]), detail::element_bits(static_cast<double>(b))) << n;
+    }
+  }
+}
+
+TEST(SafetensorsHalf, StateDictRoundTripThroughAFile) {
+  StateDict<Eigen::bfloat16> sd;
+  sd["layer.weight"] = NdArray<Eigen::bfloat16>{{2, 2}, {Eigen::bfloat16(1.0f), Eigen::bfloat16(-0.0f),
+                                                         Eigen::numext::bit_cast<Eigen::bfloat16>(std::uint16_t{0x0001}),
+                                                         Eigen::bfloat16(3e38f)}};
+  sd["layer.bias"] = NdArray<Eigen::bfloat16>{{2}, {Eigen::bfloat16(0.1f), Eigen::bfloat16(-65504.0f)}};
+  SafetensorsWriter w;
+  for (const auto& entry : sd) w.add(entry.first, entry.second);
+  const std::string path = ::testing::TempDir() + "selfattn_bfloat16_state_dict.safetensors";
+  w.write(path);
+  const StateDict<Eigen::bfloat16> back = read_state_dict_safetensors<Eigen::bfloat16>(path, "layer.");
+  const StateDict<float> as_float = read_state_dict_safetensors<float>(path);
+  std::filesystem::remove(path);
+  ASSERT_EQ(back.size(), 2u);
+  for (const auto& entry : sd) {
+    SCOPED_TRACE(entry.first);
+    const NdArray<Eigen::bfloat16>& got = back.at(entry.first);
+    ASSERT_EQ(got.shape, entry.second.shape);
+    EXPECT_EQ(std::memcmp(got.values.data(), entry.second.values.data(), 2 * entry.second.values.size()), 0);
+    for (std::size_t i = 0; i < got.values.size(); ++i)
+      EXPECT_EQ(detail::element_bits(as_float.at(entry.first).values[i]),
+                static_cast<std::uint32_t>(bits_of(entry.second.values[i])) << 16);
+  }
+}
+
+TEST(SafetensorsHalf, ConversionsBetweenDtypes) {
+  // F16 -> bfloat16 and BF16 -> half go through float (exact) and round once; F32/F64 -> 16 bits round once.
+  const std::string f16 = le16({0x3c04, 0x3c0c, 0x7bff, 0x0001, 0xfc00});  // 1+2^-8 (tie), 1+3*2^-8 (tie), 65504, 2^-24, -inf
+  const std::string bf16 = le16({0x4780, 0x3f81, 0x3380, 0x3300, 0x0001});  // 2^16, 1+2^-7, 2^-24, 2^-25 (tie), 2^-133
+  std::string f32, f64;
+  for (std::uint32_t bits : {0x3f801000u, 0x3f808000u, 0x3f818000u}) detail::store_le(f32, bits, 4);
+  for (double x : {1 + std::ldexp(1.0, -11) + std::ldexp(1.0, -40), 1 + std::ldexp(1.0, -8) + std::ldexp(1.0, -40)})
+    detail::store_le(f64, detail::element_bits(x), 8);
+  const std::string header = R"({"a":{"dtype":"F16","shape":[5],"data_offsets":[0,10]},)"
+                             R"("b":{"dtype":"BF16","shape":[5],"data_offsets":[10,20]},)"
+                             R"("c":{"dtype":"F32","shape":[3],"data_offsets":[20,32]},)"
+                             R"("d":{"dtype":"F64","shape":[2],"data_offsets":[32,48]}})";
+  const std::string bytes = make_file(header, f16 + bf16 + f32 + f64);
+  const SafetensorsFile f = parse_safetensors(bytes.data(), bytes.size());
+  const auto bits = [](const auto& array) {
+    std::vector<std::uint16_t> out;
+    for (const auto& v : array.values) out.push_back(bits_of(v));
+    return out;
+  };
+  // 65504 is 0x477fe000 in float: between bfloat16 65280 (0x477f) and 65536 (0x4780), nearer 65536.
+  EXPECT_EQ(bits(f.array<Eigen::bfloat16>("a")), (std::vector<std::uint16_t>{0x3f80, 0x3f82, 0x4780, 0x3380, 0xff80}));
+  EXPECT_EQ(bits(f.array<Eigen::half>("b")), (std::vector<std::uint16_t>{0x7c00, 0x3c08, 0x0001, 0x0000, 0x0000}));
+  EXPECT_EQ(bits(f.array<Eigen::half>("c")), (std::vector<std::uint16_t>{0x3c00, 0x3c04, 0x3c0c}));  // exact but the tie
+  EXPECT_EQ(bits(f.array<Eigen::bfloat16>("c")), (std::vector<std::uint16_t>{0x3f80, 0x3f80, 0x3f82}));
+  EXPECT_EQ(bits(f.array<Eigen::half>("d")), (std::vector<std::uint16_t>{0x3c01, 0x3c04}));  // rounded once
+  EXPECT_EQ(bits(f.array<Eigen::bfloat16>("d")), (std::vector<std::uint16_t>{0x3f80, 0x3f81}));
+}
+
+TEST(SafetensorsHalf, NonFloatDtypeIntoHalfIsAnError) {
+  const std::string bytes = make_file(R"({"steps":{"dtype":"I16","shape":[1],"data_offsets":[0,2]}})", std::string(2, '\0'));
+  const SafetensorsFile f = parse_safetensors(bytes.data(), bytes.size());
+  expect_error<FormatError>([&] { f.array<Eigen::half>("steps"); }, {"'steps'", "I16", "F32, F64, F16, BF16"});
+  expect_error<FormatError>([&] { state_dict_from_safetensors<Eigen::bfloat16>(f); }, {"I16"});
+}
+
+TEST(SafetensorsHalf, MatchesPyTorchAndNumPy) {
+  // tests/fixtures/half/half_bf16.safetensors: sources and what PyTorch 1.13 / NumPy made of them, each checked
+  // by the generator against an exact rational rounding.
+  const SafetensorsFile f = read_safetensors(half_fixture("half_bf16.safetensors"));
+  EXPECT_EQ(f.metadata().at("source"), "make_half_fixtures.py");
+  EXPECT_EQ(f.info("f16.specials").dtype, "F16");
+  EXPECT_EQ(f.info("bf16.specials").dtype, "BF16");
+  expect_same_bits(f.array<Eigen::half>("f32.source"), f.array<Eigen::half>("f32.as_f16"), "float32 -> float16");
+  expect_same_bits(f.array<Eigen::bfloat16>("f32.source"), f.array<Eigen::bfloat16>("f32.as_bf16"), "float32 -> bfloat16");
+  expect_same_bits(f.array<Eigen::bfloat16>("f16.specials"), f.array<Eigen::bfloat16>("f16.as_bf16"), "float16 -> bfloat16");
+  expect_same_bits(f.array<Eigen::half>("bf16.specials"), f.array<Eigen::half>("bf16.as_f16"), "bfloat16 -> float16");
+  expect_same_bits(f.array<Eigen::half>("f64.source"), f.array<Eigen::half>("f64.as_f16"), "float64 -> float16 (NumPy)");
+  expect_same_bits(f.array<Eigen::bfloat16>("f64.source"), f.array<Eigen::bfloat16>("f64.as_bf16"), "float64 -> bfloat16");
+  // PyTorch's float64 -> float16 rounds through float32: element 0 (1 + 2^-11 + 2^-40) is where it differs.
+  EXPECT_EQ(bits_of(f.array<Eigen::half>("f64.as_f16_torch").values.at(0)), 0x3c00);
+  EXPECT_EQ(bits_of(f.array<Eigen::half>("f64.source").values.at(0)), 0x3c01);
+
+  // F16 and BF16 widen exactly to float: compare with the values Eigen's conversions give from the raw bits.
+  const NdArray<Eigen::half> f16 = f.array<Eigen::half>("f16.specials");
+  const NdArray<float> f16_as_float = f.array<float>("f16.specials");
+  for (std::size_t i = 0; i < f16.values.size(); ++i) {
+    const float expected = static_cast<float>(f16.values[i]);
+    if (std::isnan(expected))
+      EXPECT_TRUE(std::isnan(f16_as_float.values[i]));
+    else
+      EXPECT_EQ(detail::element_bits(f16_as_float.values[i]), detail::element_bits(expected)) << i;
+  }
+  // The same float16 values saved by np.save, and the bfloat16 ones as PyTorch users save them (t.float()):
+  // both .npy files read back into the same bits.
+  expect_same_bits(read_npy_array<Eigen::half>(half_fixture("f2_specials.npy")), f16, "np.save float16");
+  expect_same_bits(read_npy_array<Eigen::bfloat16>(half_fixture("bf16_specials_as_f4.npy")),
+                   f.array<Eigen::bfloat16>("bf16.specials"), "bfloat16 saved as float32");
+
+  // Re-encoding every tensor in its own dtype gives the generator's file byte for byte: same header (sorted
+  // keys, compact JSON, padding), same data.
+  SafetensorsWriter w;
+  for (const std::string& name : f.names()) {
+    const std::string& dtype = f.info(name).dtype;
+    if (dtype == "F16") w.add(name, f.array<Eigen::half>(name));
+    else if (dtype == "BF16") w.add(name, f.array<Eigen::bfloat16>(name));
+    else if (dtype == "F32") w.add(name, f.array<float>(name));
+    else w.add(name, f.array<double>(name));
+  }
+  for (const auto& entry : f.metadata()) w.add_metadata(entry.first, entry.second);
+  EXPECT_EQ(w.encode(), detail::read_binary_file("test", half_fixture("half_bf16.safetensors")));
 }
 
 #else
