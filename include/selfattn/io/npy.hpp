@@ -228,11 +228,6 @@ T element_from_double(double value) {
 /// The floating-point encodings stored in .npy ('<f2', '<f4', '<f8') and .safetensors (F16, BF16, F32, F64).
 enum class StoredFloat { float16, bfloat16, float32, float64 };
 
-/// Bytes per element of a stored encoding.
-constexpr std::size_t stored_float_size(StoredFloat kind) {
-  return kind == StoredFloat::float64 ? 8 : kind == StoredFloat::float32 ? 4 : 2;
-}
-
 /// One little-endian stored element at `p`, as T: the bits themselves when T is the stored type, else the
 /// value converted (exactly when T can hold it, else rounded once to nearest even; see the file comment).
 template <typename T>
