@@ -5,7 +5,10 @@
 //   BM_decode_kernel/N/H/Hkv  one query row per head over N cached keys and values (D = 128, float):
 //                             the attention of one decode step, reported as GB/s of K/V read
 //   BM_decode_general/N/H/Hkv the same with the general path forced (Eigen products per chunk), for comparison
+//   BM_decode_kernel_bf16, _f16  BM_decode_kernel with K and V stored as bfloat16 / float16 (half the bytes; the
+//                             GB/s count the 16-bit bytes actually read)
 //   BM_decode_step/N          MultiHeadAttention::step of one token over a cache of N tokens (E = 1024)
+//   BM_decode_step_bf16/N     the same over a bfloat16 cache (tokens/s: the figure to compare with the float cache)
 //   BM_recompute/N            the same token by a full causal forward over all N tokens (no cache)
 //
 // The figure of merit is BM_decode_kernel's bytes_per_second over BM_triad's for the same N/H/Hkv.
@@ -45,8 +48,10 @@ Tensor<float, Rank> filled(const std::array<Index, Rank>& shape) {
   return t;
 }
 
-// Bytes of K and V one decode step reads: 2 Hkv N D floats.
-double kv_bytes(Index keys, Index kv_heads) { return 2.0 * static_cast<double>(kv_heads * keys * head_dim) * sizeof(float); }
+// Bytes of K and V one decode step reads: 2 Hkv N D elements of `element_bytes` (4: float).
+double kv_bytes(Index keys, Index kv_heads, double element_bytes = sizeof(float)) {
+  return 2.0 * static_cast<double>(kv_heads * keys * head_dim) * element_bytes;
+}
 
 void BM_triad(benchmark::State& state) {
   use_threads(state, 3);
@@ -65,15 +70,17 @@ void BM_triad(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * 3 * n * static_cast<int64_t>(sizeof(float)));
 }
 
-// One decode step through detail::decode_forward on the given path (the rule's choice when `forced` is empty).
+// One decode step through detail::decode_forward on the given path (the rule's choice when `forced` is empty), with
+// keys and values stored as S (float, or 16 bits read in place).
+template <typename S = float>
 void decode_kernel(benchmark::State& state, std::optional<selfattn::detail::DecodePath> forced) {
   use_threads(state, 3);
   const Index keys = state.range(0), heads = state.range(1), kv_heads = state.range(2);
   const auto q = filled<4>({1, heads, 1, head_dim});
-  const auto k = filled<4>({1, kv_heads, keys, head_dim});
-  const auto v = filled<4>({1, kv_heads, keys, head_dim});
+  const auto k = selfattn::tensor_cast<S>(filled<4>({1, kv_heads, keys, head_dim}));
+  const auto v = selfattn::tensor_cast<S>(filled<4>({1, kv_heads, keys, head_dim}));
   const selfattn::AttentionOptions<float> opts;
-  const auto params = selfattn::detail::make_params<float>(q, k, v, opts);
+  const auto params = selfattn::detail::make_stored_params<float, S>(q, k, v, opts);
   const selfattn::detail::DecodePath path = forced ? *forced : selfattn::detail::decode_path(params);
   Tensor<float, 4> out({1, heads, 1, head_dim});
   Tensor<float, 3> lse({1, heads, 1});
@@ -82,7 +89,8 @@ void decode_kernel(benchmark::State& state, std::optional<selfattn::detail::Deco
     benchmark::DoNotOptimize(out.data());
     benchmark::ClobberMemory();
   }
-  state.SetBytesProcessed(static_cast<int64_t>(static_cast<double>(state.iterations()) * kv_bytes(keys, kv_heads)));
+  state.SetBytesProcessed(
+      static_cast<int64_t>(static_cast<double>(state.iterations()) * kv_bytes(keys, kv_heads, sizeof(S))));
   // 4 flops per key and dimension per query head: q.k and p v, a multiply and an add each.
   state.counters["FLOP/s"] = benchmark::Counter(4.0 * static_cast<double>(heads * keys * head_dim),
                                                 benchmark::Counter::kIsIterationInvariantRate);
@@ -92,6 +100,9 @@ void decode_kernel(benchmark::State& state, std::optional<selfattn::detail::Deco
 void BM_decode_kernel(benchmark::State& state) { decode_kernel(state, std::nullopt); }
 // The general path forced (Eigen products per chunk): what BM_decode_kernel improves on.
 void BM_decode_general(benchmark::State& state) { decode_kernel(state, selfattn::detail::DecodePath::general); }
+// The path decode_path picks, over keys and values stored in 16 bits.
+void BM_decode_kernel_bf16(benchmark::State& state) { decode_kernel<selfattn::bfloat16>(state, std::nullopt); }
+void BM_decode_kernel_f16(benchmark::State& state) { decode_kernel<selfattn::float16>(state, std::nullopt); }
 
 selfattn::MultiHeadAttention<float> decoder(Index heads, Index kv_heads) {
   selfattn::MultiHeadAttentionConfig cfg;
@@ -102,20 +113,36 @@ selfattn::MultiHeadAttention<float> decoder(Index heads, Index kv_heads) {
   return selfattn::MultiHeadAttention<float>(cfg, 1);
 }
 
-// One token through the module (projections, RoPE, append, attention) over a cache of N tokens. The cache
-// grows by one token per iteration, a small drift for N >> iterations.
-void BM_decode_step(benchmark::State& state) {
+// One token through the module (projections, RoPE, append, attention) over a cache of N tokens stored as S, which
+// is truncated back to N after each step (so every iteration reads N + 1 keys and values, and the cache holds N + 1
+// slots). step_into: the cache's buffers, no allocation per token.
+template <typename S = float>
+void decode_step(benchmark::State& state) {
   use_threads(state, 1);
   const Index keys = state.range(0);
   const auto mha = decoder(8, 8);
-  auto cache = mha.make_cache(1, selfattn::CachePolicy::keep_all(keys + 100000));
+  auto cache = mha.make_cache<S>(1, selfattn::CachePolicy::keep_all(keys + 1));
+  // Keys and values appended directly: a prefill through step would cost O(N^2) per repetition and read the same.
   const Index chunk = 1024;
-  for (Index filled_keys = 0; filled_keys < keys; filled_keys += chunk)
-    mha.step(filled<3>({1, std::min(chunk, keys - filled_keys), 8 * head_dim}), cache);
+  for (Index filled_keys = 0; filled_keys < keys; filled_keys += chunk) {
+    const auto rows = filled<3>({8, std::min(chunk, keys - filled_keys), head_dim});
+    cache.append(0, rows, rows);
+  }
   const auto token = filled<3>({1, 1, 8 * head_dim});
-  for (auto _ : state) benchmark::DoNotOptimize(mha.step(token, cache).data());
-  state.SetBytesProcessed(static_cast<int64_t>(static_cast<double>(state.iterations()) * kv_bytes(keys, 8)));
+  Tensor<float, 3> output({1, 1, 8 * head_dim});
+  for (auto _ : state) {
+    mha.step_into(token, cache, output.view());
+    benchmark::DoNotOptimize(output.data());
+    benchmark::ClobberMemory();
+    cache.truncate(0, keys);
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(static_cast<double>(state.iterations()) * kv_bytes(keys, 8, sizeof(S))));
+  state.counters["tokens/s"] = benchmark::Counter(1.0, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["cache_MiB"] = static_cast<double>(cache.memory_bytes()) / (1024.0 * 1024.0);
 }
+void BM_decode_step(benchmark::State& state) { decode_step<float>(state); }
+void BM_decode_step_bf16(benchmark::State& state) { decode_step<selfattn::bfloat16>(state); }
+void BM_decode_step_f16(benchmark::State& state) { decode_step<selfattn::float16>(state); }
 
 // The same token without a cache: a causal forward over the whole sequence, O(N^2) per generated token.
 void BM_recompute(benchmark::State& state) {
@@ -136,12 +163,20 @@ void decode_shapes(benchmark::internal::Benchmark* b) {
       for (int threads : {1, 2}) b->Args({keys, heads.first, heads.second, threads});
 }
 
+// The module's step: the CI smoke size, then caches of 4k to 64k tokens.
+void step_shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"", "threads"})->Args({128, 1})->Args({4096, 1})->Args({32768, 1})->Args({32768, 2})->Args({65536, 1});
+}
+
 }  // namespace
 
 BENCHMARK(BM_triad)->Apply(decode_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_decode_kernel)->Apply(decode_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_decode_general)->Apply(decode_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_decode_step)->ArgNames({"", "threads"})->Args({128, 1})->Args({4096, 1})->Args({32768, 1})->Args({32768, 2})
-    ->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_decode_kernel_bf16)->Apply(decode_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_decode_kernel_f16)->Apply(decode_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_decode_step)->Apply(step_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_decode_step_bf16)->Apply(step_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_decode_step_f16)->Apply(step_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_recompute)->ArgNames({"", "threads"})->Args({128, 1})->Args({512, 1})->Args({2048, 1})
     ->UseRealTime()->Unit(benchmark::kMillisecond);

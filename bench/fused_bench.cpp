@@ -6,6 +6,8 @@
 // 8 heads is 0.55 TFLOP per forward), D = Dv in {64, 128}.
 //   BM_fused_forward/N/D:d/causal:c/threads:t      sdpa_forward (fused kernel: opts.kernel = automatic)
 //   BM_reference_forward/N/D:d/causal:c/threads:t  the same with opts.kernel = Kernel::reference (N <= 4096)
+//   BM_fused_forward_bf16/N/D:d/causal:c/threads:t sdpa_forward on bfloat16 q, k, v (N <= 4096): float arithmetic
+//                                                  on the widened inputs, out rounded to bfloat16
 //   BM_eigen_forward_gemms/N/D:d/threads:t         per head S = Q K^T, O = S V with Eigen, nothing else
 //   BM_fused_backward, BM_reference_backward       sdpa_backward (given the forward's out and lse)
 //   BM_eigen_backward_gemms/N/D:d/threads:t        per head the five GEMMs of the backward: S = Q K^T, dP = dO V^T,
@@ -132,7 +134,26 @@ void attention_backward(benchmark::State& state, Kernel kernel) {
   });
 }
 
+// attention_forward on inputs stored as S (bfloat16): the same values rounded, the same nominal FLOPs.
+template <typename S>
+void attention_forward_stored(benchmark::State& state) {
+  const Index n = state.range(0), d = state.range(1);
+  const bool causal = state.range(2) != 0;
+  set_threads(static_cast<int>(state.range(3)));
+  const Inputs x(n, d);
+  const Tensor<S, 4> q = tensor_cast<S>(x.q), k = tensor_cast<S>(x.k), v = tensor_cast<S>(x.v);
+  AttentionOptions<float> opts;
+  opts.causal = causal ? Causal::top_left : Causal::none;
+  timed(state, forward_flops(n, d), causal_fraction(n, causal), [&] {
+    AttentionForward<S> fwd = sdpa_forward(q, k, v, opts);
+    S* out = fwd.out.data();
+    benchmark::DoNotOptimize(out);
+    benchmark::ClobberMemory();
+  });
+}
+
 void BM_fused_forward(benchmark::State& state) { attention_forward(state, Kernel::automatic); }
+void BM_fused_forward_bf16(benchmark::State& state) { attention_forward_stored<bfloat16>(state); }
 void BM_reference_forward(benchmark::State& state) { attention_forward(state, Kernel::reference); }
 void BM_fused_backward(benchmark::State& state) { attention_backward(state, Kernel::automatic); }
 void BM_reference_backward(benchmark::State& state) { attention_backward(state, Kernel::reference); }
@@ -253,6 +274,7 @@ void gemm_args(benchmark::internal::Benchmark* b, int64_t max_n) {
 BENCHMARK(BM_fma_peak)->MeasureProcessCPUTime();
 BENCHMARK(BM_fused_forward)->Apply([](auto* b) { attention_args(b, 16384); });
 BENCHMARK(BM_reference_forward)->Apply([](auto* b) { attention_args(b, 4096); });  // holds N^2 scores per head
+BENCHMARK(BM_fused_forward_bf16)->Apply([](auto* b) { attention_args(b, 4096); });
 BENCHMARK(BM_eigen_forward_gemms)->Apply([](auto* b) { gemm_args(b, 16384); });  // S: N^2 floats (1 GB at 16384)
 BENCHMARK(BM_fused_backward)->Apply([](auto* b) { attention_args(b, 16384); });
 BENCHMARK(BM_reference_backward)->Apply([](auto* b) { attention_args(b, 4096); });

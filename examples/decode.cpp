@@ -11,7 +11,12 @@
 //      length, the windowed policies stay flat once the window is full (and their memory from the start);
 //   3. one token with the cache against recomputing a causal forward over the whole sequence: O(N) vs O(N^2);
 //   4. the eviction checks: the last token under a window equals one forward over the tokens the policy
-//      kept, renumbered from position 0 (positions within the cache, docs/decoding.md).
+//      kept, renumbered from position 0 (positions within the cache, docs/decoding.md);
+//   5. a float and a bfloat16 cache side by side at the size of a real model's layer (E = 1024, H = Hkv = 8,
+//      head dim 128, 32k cached tokens): tokens per second, cache memory (memory_bytes and the resident memory
+//      a 64k-token cache adds), and the largest difference between the two caches' outputs. Exit 1 unless the
+//      16-bit cache takes half the bytes and its outputs stay within bfloat16 rounding of the float cache's.
+//      `--quick` (what ctest runs): 4k cached tokens and an 8k-token cache measured, instead of 32k and 64k.
 // Latencies are medians over a few tokens (the machine may be busy with other work); they include the
 // embedding lookup, the step, the readout and the argmax.
 #include <selfattn/selfattn.hpp>
@@ -20,6 +25,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <random>
 #include <string>
 #include <utility>
@@ -37,10 +43,16 @@ namespace {
 constexpr Index longest = 4096;  // tokens generated per policy (the last row of the latency table)
 constexpr Index window = 256;    // W of sliding_window(W); attention_sinks(S, W - S) keeps as many tokens
 const std::vector<Index> recompute_lengths = {128, 256, 512, 1024};
+constexpr Index half_cache_tokens = 32768;      // section 5: tokens in the float and bfloat16 caches
+constexpr Index resident_cache_tokens = 65536;  // section 5: the cache whose resident memory is measured
+constexpr Index quick_divisor = 8;              // --quick: both sizes / 8
 #else
 constexpr Index longest = 512;
 constexpr Index window = 64;
 const std::vector<Index> recompute_lengths = {32, 128};
+constexpr Index half_cache_tokens = 2048;
+constexpr Index resident_cache_tokens = 4096;
+constexpr Index quick_divisor = 1;
 #endif
 constexpr Index embed_dim = 256, heads = 8, kv_heads = 2, vocab = 64, sinks = 4;
 constexpr Index timed_tokens = 15;  // latency at length N: the median of the steps that reach N .. N + 14
@@ -256,9 +268,102 @@ Index first_divergence(const Generation& a, const Generation& b) {
   return -1;
 }
 
+// ---- 5. a float and a bfloat16 cache --------------------------------------------------------------------------
+
+/// Resident memory of this process in bytes (Linux /proc/self/statm), or -1 where it cannot be read.
+double resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  double total_pages = 0, resident_pages = -1;
+  if (!(statm >> total_pages >> resident_pages)) return -1;
+  return resident_pages * 4096.0;
+}
+
+/// Resident memory a freshly made cache of `tokens` token slots adds (its planes are zero-filled, so every page is
+/// touched), and its memory_bytes().
+template <typename S>
+std::pair<double, std::size_t> cache_footprint(const MultiHeadAttention<float>& layer, Index tokens) {
+  const double before = resident_bytes();
+  const KVCache<float, S> cache = layer.make_cache<S>(1, CachePolicy::keep_all(tokens));
+  const double after = resident_bytes();
+  return {before < 0 ? -1.0 : after - before, cache.memory_bytes()};
+}
+
+/// The two caches side by side on one layer of a real model's size: the same cached keys and values (random,
+/// appended directly: a prefill would only make them meaningful, not faster to read), the same new tokens.
+bool compare_float_and_bfloat16_caches(Index cached_tokens, Index measured_tokens) {
+  constexpr Index big_heads = 8, head_dim = 128, big_embed = big_heads * head_dim, timed = 25;
+  MultiHeadAttentionConfig cfg;
+  cfg.embed_dim = big_embed;
+  cfg.num_heads = big_heads;
+  cfg.num_kv_heads = big_heads;
+  cfg.rope_dim = head_dim;
+  const MultiHeadAttention<float> layer(cfg, 11);
+  const CachePolicy policy = CachePolicy::keep_all(cached_tokens + timed);
+  KVCache<float> wide = layer.make_cache(1, policy);
+  KVCache<float, bfloat16> half = layer.make_cache<bfloat16>(1, policy);
+  std::mt19937 random(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const Index chunk = 1024;
+  Tensor<float, 3> keys({big_heads, chunk, head_dim}), values({big_heads, chunk, head_dim});
+  for (Index filled = 0; filled < cached_tokens; filled += chunk) {
+    for (Tensor<float, 3>* t : {&keys, &values})
+      for (Index n = 0; n < t->size(); ++n) t->data()[n] = normal(random);
+    wide.append(0, keys, values);  // the float cache stores them as they are,
+    half.append(0, keys, values);  // the bfloat16 cache rounds each once
+  }
+  // Tokens per second over the same new tokens, the two caches taking turns (a busy moment slows both alike).
+  Tensor<float, 3> token({1, 1, big_embed}), out_wide({1, 1, big_embed}), out_half({1, 1, big_embed});
+  std::vector<double> wide_us, half_us;
+  double worst = 0, scale = 0;
+  for (Index t = 0; t < timed; ++t) {
+    for (Index n = 0; n < token.size(); ++n) token.data()[n] = normal(random);
+    auto start = std::chrono::steady_clock::now();
+    layer.step_into(token, wide, out_wide.view());
+    wide_us.push_back(microseconds_since(start));
+    start = std::chrono::steady_clock::now();
+    layer.step_into(token, half, out_half.view());
+    half_us.push_back(microseconds_since(start));
+    for (Index n = 0; n < out_wide.size(); ++n) {
+      worst = std::max(worst, std::abs(static_cast<double>(out_half.data()[n]) - out_wide.data()[n]));
+      scale = std::max(scale, std::abs(static_cast<double>(out_wide.data()[n])));
+    }
+  }
+  const double wide_rate = 1e6 / median(wide_us), half_rate = 1e6 / median(half_us);
+  const auto [wide_resident, wide_bytes] = cache_footprint<float>(layer, measured_tokens);
+  const auto [half_resident, half_bytes] = cache_footprint<bfloat16>(layer, measured_tokens);
+  const double mib = 1024.0 * 1024.0;
+  std::printf("layer: E = %td, H = Hkv = %td, head dim %td; %td cached tokens, then %td new ones (median)\n", big_embed,
+              big_heads, head_dim, cached_tokens, timed);
+  std::printf("(the last two columns: a fresh cache of %td token slots, its memory_bytes() and the resident memory it "
+              "adds)\n", measured_tokens);
+  std::printf("%-10s | %10s | %14s | %22s | %24s\n", "cache", "tokens/s", "cache MiB", "empty cache MiB",
+              "empty cache resident MiB");
+  std::printf("-----------+------------+----------------+------------------------+-------------------------\n");
+  std::printf("%-10s | %10.1f | %14.1f | %22.1f | %24.1f\n", "float", wide_rate, wide.memory_bytes() / mib,
+              wide_bytes / mib, wide_resident / mib);
+  std::printf("%-10s | %10.1f | %14.1f | %22.1f | %24.1f\n", "bfloat16", half_rate, half.memory_bytes() / mib,
+              half_bytes / mib, half_resident / mib);
+  std::printf("bfloat16 / float: %.2fx the tokens per second, %.3fx the bytes (%td-token caches %.3fx resident)\n",
+              half_rate / wide_rate, static_cast<double>(half.memory_bytes()) / wide.memory_bytes(),
+              measured_tokens, half_resident / wide_resident);
+  // The cached keys and values are rounded to 8 significant bits: outputs (of order `scale`) move by a few
+  // bfloat16 roundings at most, far below anything a model reads off them.
+  const double allowed = 4.0 * std::ldexp(1.0, -8) * scale;
+  std::printf("max |output difference| over the %td tokens: %.2e (largest |output| %.2f; allowed %.2e) %s\n", timed,
+              worst, scale, allowed, worst <= allowed ? "(ok)" : "(FAILED)");
+  const bool half_the_bytes = 2 * half.memory_bytes() == wide.memory_bytes() && 2 * half_bytes == wide_bytes;
+  std::printf("the bfloat16 cache holds exactly half the bytes: %s\n", half_the_bytes ? "(ok)" : "(FAILED)");
+  return worst <= allowed && half_the_bytes;
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  if (argc > 2 || (argc == 2 && !quick)) {
+    std::fprintf(stderr, "usage: %s [--quick]\n", argv[0]);
+    return 2;
+  }
   const Model model;
   std::printf("model: E = %td, H = %td query heads, Hkv = %td key/value heads (head dim %td, RoPE on all of it), "
               "vocabulary %td, random weights, greedy decoding\n\n",
@@ -295,6 +400,10 @@ int main() {
   std::printf("\n== 4. eviction keeps the tokens its policy names, at positions within the cache\n");
   ok = check_eviction(model, runs[1]) && ok;
   ok = check_eviction(model, runs[2]) && ok;
+
+  std::printf("\n== 5. a float and a bfloat16 cache side by side\n");
+  const Index divisor = quick ? quick_divisor : 1;
+  ok = compare_float_and_bfloat16_caches(half_cache_tokens / divisor, resident_cache_tokens / divisor) && ok;
 
   std::printf("\n%s\n", ok ? "all checks passed" : "A CHECK FAILED");
   return ok ? 0 : 1;

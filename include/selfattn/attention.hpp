@@ -11,6 +11,7 @@
 #include <selfattn/detail/params.hpp>
 #include <selfattn/detail/reference.hpp>
 #include <selfattn/errors.hpp>
+#include <selfattn/half_precision.hpp>
 #include <selfattn/options.hpp>
 #include <selfattn/tensor.hpp>
 #include <selfattn/workspace.hpp>
@@ -27,16 +28,17 @@ namespace selfattn {
 ///
 /// Shapes: out (B, H, Lq, Dv); lse (B, H, Lq): log-sum-exp of the final scores over the allowed keys (-inf for
 /// a row without any); weights (B, H, Lq, Lk), the probabilities before dropout, only when
-/// `opts.need_weights`, else empty.
+/// `opts.need_weights`, else empty. For 16-bit inputs (T = bfloat16 or float16) out is in T, lse and weights in
+/// float (compute_type_t<T>).
 /// \code
 /// AttentionForward<float> fwd = sdpa_forward(q, k, v, opts);
 /// float row_lse = fwd.lse(0, 0, 3);   // -inf when query row 3 of batch 0, head 0 may see no key
 /// \endcode
 template <typename T>
 struct AttentionForward {
-  Tensor<T, 4> out;      ///< (B, H, Lq, Dv): the attention output; 0 in a row without an allowed key
-  Tensor<T, 3> lse;      ///< (B, H, Lq): log sum_j exp(s_ij) over the allowed keys; -inf for a row without any
-  Tensor<T, 4> weights;  ///< (B, H, Lq, Lk): probabilities before dropout when `opts.need_weights`, else empty
+  Tensor<T, 4> out;                      ///< (B, H, Lq, Dv): the output; 0 in a row without an allowed key
+  Tensor<compute_type_t<T>, 3> lse;      ///< (B, H, Lq): log sum_j exp(s_ij) over the allowed keys; -inf for none
+  Tensor<compute_type_t<T>, 4> weights;  ///< (B, H, Lq, Lk): probabilities before dropout when need_weights, else empty
 };
 
 /// \brief What `sdpa_backward` returns: gradients of a scalar loss with respect to q, k, v (their shapes)
@@ -46,12 +48,13 @@ struct AttentionForward {
 /// \code
 /// AttentionGradients<float> g = sdpa_backward(q, k, v, fwd.out, fwd.lse, dout, opts);
 /// \endcode
+/// For 16-bit inputs dq, dk, dv are in their type and dbias in float (the bias's type).
 template <typename T>
 struct AttentionGradients {
-  Tensor<T, 4> dq;     ///< (B, H, Lq, D): gradient of q
-  Tensor<T, 4> dk;     ///< (B, Hkv, Lk, D): gradient of k, summed over the query heads of each group
-  Tensor<T, 4> dv;     ///< (B, Hkv, Lk, Dv): gradient of v, summed over the query heads of each group
-  Tensor<T, 4> dbias;  ///< gradient of `opts.bias` in its own (broadcast) shape; empty without a bias
+  Tensor<T, 4> dq;                     ///< (B, H, Lq, D): gradient of q
+  Tensor<T, 4> dk;                     ///< (B, Hkv, Lk, D): gradient of k, summed over the query heads of each group
+  Tensor<T, 4> dv;                     ///< (B, Hkv, Lk, Dv): gradient of v, summed over the query heads of each group
+  Tensor<compute_type_t<T>, 4> dbias;  ///< gradient of `opts.bias` in its own (broadcast) shape; empty without a bias
 };
 
 /// \brief Where `sdpa_backward_into` writes the gradients: writable views (or Tensors) of the shapes of q, k and
@@ -114,22 +117,29 @@ void validate_options(const char* function, const AttentionOptions<T>& opts, Ind
     throw_invalid(function, "opts.dropout_p", "expected a value in [0, 1), got " + std::to_string(opts.dropout_p));
 }
 
+/// Validates the shapes of q and k: q (B, H, Lq, D), k (B, Hkv, Lk, D) with D >= 1, Hkv >= 1 and H % Hkv == 0.
+inline void validate_query_key_shapes(const char* function, const std::array<Index, 4>& q,
+                                      const std::array<Index, 4>& k) {
+  if (q[3] < 1) throw_shape_error(function, "q", "head dim D must be >= 1, got shape " + shape_string<4>(q));
+  check_shape<4>(function, "k", k, {q[0], any_extent, any_extent, q[3]});
+  if (k[1] < 1 || q[1] % k[1] != 0)
+    throw_shape_error(function, "k",
+                      "the number of key/value heads (dim 1) must divide the " + std::to_string(q[1]) +
+                          " query heads, got shape " + shape_string<4>(k));
+}
+
 /// Validates q and k: q (B, H, Lq, D), k (B, Hkv, Lk, D) with D >= 1, Hkv >= 1 and H % Hkv == 0.
 template <typename T>
 void validate_query_key(const char* function, const TensorView<const T, 4>& q, const TensorView<const T, 4>& k) {
-  if (q.dim(3) < 1) throw_shape_error(function, "q", "head dim D must be >= 1, got shape " + shape_string<4>(q.shape()));
-  check_shape<4>(function, "k", k.shape(), {q.dim(0), any_extent, any_extent, q.dim(3)});
-  if (k.dim(1) < 1 || q.dim(1) % k.dim(1) != 0)
-    throw_shape_error(function, "k",
-                      "the number of key/value heads (dim 1) must divide the " + std::to_string(q.dim(1)) +
-                          " query heads, got shape " + shape_string<4>(k.shape()));
+  validate_query_key_shapes(function, q.shape(), k.shape());
 }
 
-/// Builds the kernel parameters from validated arguments. `opts` must outlive the result (pointers).
-template <typename T>
-AttentionParams<T> make_params(const TensorView<const T, 4>& q, const TensorView<const T, 4>& k,
-                               const TensorView<const T, 4>& v, const AttentionOptions<T>& opts) {
-  AttentionParams<T> p;
+/// Builds the kernel parameters from validated arguments, with keys and values stored as KV (T, or 16 bits).
+/// `opts` must outlive the result (pointers).
+template <typename T, typename KV>
+AttentionParams<T, KV> make_stored_params(const TensorView<const T, 4>& q, const TensorView<const KV, 4>& k,
+                                          const TensorView<const KV, 4>& v, const AttentionOptions<T>& opts) {
+  AttentionParams<T, KV> p;
   p.q = q;
   p.k = k;
   p.v = v;
@@ -148,6 +158,35 @@ AttentionParams<T> make_params(const TensorView<const T, 4>& q, const TensorView
   return p;
 }
 
+/// Builds the kernel parameters from validated arguments. `opts` must outlive the result (pointers).
+template <typename T>
+AttentionParams<T> make_params(const TensorView<const T, 4>& q, const TensorView<const T, 4>& k,
+                               const TensorView<const T, 4>& v, const AttentionOptions<T>& opts) {
+  return make_stored_params<T, T>(q, k, v, opts);
+}
+
+/// The same call on other inputs of the same shapes (scale, masks and dropout kept).
+template <typename T, typename KV>
+AttentionParams<T> with_inputs(const AttentionParams<T, KV>& p, const TensorView<const T, 4>& q,
+                               const TensorView<const T, 4>& k, const TensorView<const T, 4>& v) {
+  AttentionParams<T> wide;
+  wide.q = q;
+  wide.k = k;
+  wide.v = v;
+  wide.scale = p.scale;
+  wide.mask = p.mask;
+  wide.dropout = p.dropout;
+  return wide;
+}
+
+/// The element type of attention argument X: X's when attention takes it (float, double, bfloat16, float16),
+/// else float, so that a wrong argument reaches the entry's static_asserts instead of failing to substitute.
+template <typename X>
+using attention_scalar_of = std::conditional_t<is_attention_element_v<scalar_of<X>>, scalar_of<X>, float>;
+/// The compute type of attention argument X: the type of its options, lse, weights and workspace.
+template <typename X>
+using attention_compute_of = compute_type_t<attention_scalar_of<X>>;
+
 /// The compile-time rule of every attention entry: its tensor arguments (q, k, v, and out and dout for the
 /// backward) are rank-4 Tensors or TensorViews of one floating-point type. One sentence per mistake instead of a
 /// failed substitution; true when the rule holds, so that the entry compiles its body only then.
@@ -161,23 +200,27 @@ constexpr bool check_attention_arguments() {
                 "selfattn: q, k, v (and out, dout) must be selfattn::Tensor or TensorView; an Eigen matrix is not one "
                 "(see as_view, or wrap its memory in a TensorView)");
   static_assert(!tensors || rank_4, "selfattn: q, k, v (and out, dout) must be rank 4: (batch, heads, length, head_dim)");
-  static_assert(!rank_4 || one_type, "selfattn: q, k, v (and out, dout) must hold one element type: all float or all double");
-  static_assert(!one_type || std::is_floating_point_v<First>, "selfattn: attention runs on float or double tensors");
-  return one_type && std::is_floating_point_v<First>;
+  static_assert(!rank_4 || one_type,
+                "selfattn: q, k, v (and out, dout) must hold one element type: all float, double, bfloat16 or float16");
+  static_assert(!one_type || is_attention_element_v<First>,
+                "selfattn: attention runs on float, double, bfloat16 or float16 tensors");
+  return one_type && is_attention_element_v<First>;
 }
 
-/// The log-sum-exp argument of sdpa_backward: a rank-3 (batch, heads, length) tensor of q's element type.
+/// The log-sum-exp argument of sdpa_backward: a rank-3 (batch, heads, length) tensor of q's compute type (q's
+/// element type; float for 16-bit q).
 template <typename T, typename L>
 constexpr bool check_lse_argument() {
   static_assert(is_tensor_of_rank<L, 3> && std::is_same_v<scalar_of<L>, T>,
-                "selfattn: lse must be a rank-3 (batch, heads, length) Tensor or TensorView of q's element type");
+                "selfattn: lse must be a rank-3 (batch, heads, length) Tensor or TensorView of q's compute type "
+                "(q's element type; float for bfloat16 or float16 q)");
   return is_tensor_of_rank<L, 3> && std::is_same_v<scalar_of<L>, T>;
 }
 
 /// The one place that chooses the forward kernel of a call (see Kernel): the reference when the weights are
 /// wanted or asked for, the decode kernel for few query rows (decode_suits), else the fused kernel.
-template <typename T>
-Kernel forward_kernel(const AttentionParams<T>& p, const AttentionOptions<T>& opts) {
+template <typename T, typename KV>
+Kernel forward_kernel(const AttentionParams<T, KV>& p, const AttentionOptions<T>& opts) {
   if (opts.need_weights || opts.kernel == Kernel::reference) return Kernel::reference;
   if (opts.kernel != Kernel::automatic) return opts.kernel;
   return decode_suits(p) ? Kernel::decode : Kernel::fused;
@@ -194,6 +237,25 @@ void run_forward(const AttentionParams<T>& p, const AttentionOptions<T>& opts, c
   }
 }
 
+/// run_forward on keys and values stored as KV. With 16-bit keys and values the decode kernel reads them in place
+/// (the memory-bound case a 16-bit cache is for); the fused and reference kernels read T, so they get k and v
+/// widened once into the workspace: O(Lk D) extra memory, against O(Lq Lk D) arithmetic.
+template <typename T, typename KV>
+void run_forward_stored(const AttentionParams<T, KV>& p, const AttentionOptions<T>& opts,
+                        const ForwardOutputs<T>& outputs, AttentionWorkspace<T>& workspace) {
+  if constexpr (std::is_same_v<KV, T>) {
+    run_forward(p, opts, outputs, workspace);
+  } else {
+    if (forward_kernel(p, opts) == Kernel::decode) {
+      decode_forward(p, outputs, workspace.decode);
+      return;
+    }
+    const TensorView<const T, 4> k = widen_into(p.k, workspace.widened.key);
+    const TensorView<const T, 4> v = widen_into(p.v, workspace.widened.value);
+    run_forward(with_inputs(p, p.q, k, v), opts, outputs, workspace);
+  }
+}
+
 /// run_forward with a workspace of its own, allocated for this call.
 template <typename T>
 void run_forward(const AttentionParams<T>& p, const AttentionOptions<T>& opts, const ForwardOutputs<T>& outputs) {
@@ -201,20 +263,27 @@ void run_forward(const AttentionParams<T>& p, const AttentionOptions<T>& opts, c
   run_forward(p, opts, outputs, workspace);
 }
 
+/// The checks of every forward entry on the shapes of q, k, v, and the options (whatever the element types).
+template <typename T>
+void validate_forward_shapes(const char* function, const std::array<Index, 4>& q, const std::array<Index, 4>& k,
+                             const std::array<Index, 4>& v, const AttentionOptions<T>& opts) {
+  validate_query_key_shapes(function, q, k);
+  check_shape<4>(function, "v", v, {k[0], k[1], k[2], any_extent});
+  validate_options(function, opts, q[0], q[1], q[2], k[2]);
+}
+
 /// The checks of every forward entry: q, k, v and the options.
 template <typename T>
 void validate_forward(const char* function, const TensorView<const T, 4>& q, const TensorView<const T, 4>& k,
                       const TensorView<const T, 4>& v, const AttentionOptions<T>& opts) {
-  validate_query_key(function, q, k);
-  check_shape<4>(function, "v", v.shape(), {k.dim(0), k.dim(1), k.dim(2), any_extent});
-  validate_options(function, opts, q.dim(0), q.dim(1), q.dim(2), k.dim(2));
+  validate_forward_shapes(function, q.shape(), k.shape(), v.shape(), opts);
 }
 
 /// Throws std::invalid_argument naming `name` when a destination overlaps itself or any input of the call.
-template <typename T, int Rank>
-void check_destination(const char* function, const char* name, const TensorView<T, Rank>& destination,
-                       const TensorView<const T, 4>& q, const TensorView<const T, 4>& k,
-                       const TensorView<const T, 4>& v, const AttentionOptions<T>& opts) {
+template <typename D, int Rank, typename QS, typename KS, typename T>
+void check_destination(const char* function, const char* name, const TensorView<D, Rank>& destination,
+                       const TensorView<const QS, 4>& q, const TensorView<const KS, 4>& k,
+                       const TensorView<const KS, 4>& v, const AttentionOptions<T>& opts) {
   const auto refuse = [&](const char* other) {
     throw_invalid(function, name, std::string("overlaps ") + other + "; write into separate memory");
   };
@@ -242,13 +311,14 @@ AttentionForward<T> sdpa_forward_views(const char* function, const TensorView<co
   return result;
 }
 
-/// sdpa_forward_into on views of one element type: validate (outputs included), run the kernel.
-template <typename T>
-void sdpa_forward_into_views(const char* function, const TensorView<const T, 4>& q, const TensorView<const T, 4>& k,
-                             const TensorView<const T, 4>& v, const TensorView<T, 4>& out,
+/// sdpa_forward_into on views, keys and values stored as KV (T, or 16 bits: the module's step over a 16-bit cache):
+/// validate (outputs included), run the kernel.
+template <typename T, typename KV = T>
+void sdpa_forward_into_views(const char* function, const TensorView<const T, 4>& q, const TensorView<const KV, 4>& k,
+                             const TensorView<const KV, 4>& v, const TensorView<T, 4>& out,
                              const TensorView<T, 3>& lse, const AttentionOptions<T>& opts,
                              AttentionWorkspace<T>& workspace) {
-  validate_forward(function, q, k, v, opts);
+  validate_forward_shapes(function, q.shape(), k.shape(), v.shape(), opts);
   if (opts.need_weights)
     throw_invalid(function, "opts.need_weights", "the _into form returns no weights; use sdpa_forward for them");
   check_shape<4>(function, "out", out.shape(), {q.dim(0), q.dim(1), q.dim(2), v.dim(3)});
@@ -256,15 +326,65 @@ void sdpa_forward_into_views(const char* function, const TensorView<const T, 4>&
   check_destination(function, "out", out, q, k, v, opts);
   check_destination(function, "lse", lse, q, k, v, opts);
   if (overlaps(out, lse)) throw_invalid(function, "lse", "overlaps out; write into separate memory");
-  run_forward(make_params(q, k, v, opts), opts, ForwardOutputs<T>{out, lse, TensorView<T, 4>()}, workspace);
+  run_forward_stored(make_stored_params(q, k, v, opts), opts, ForwardOutputs<T>{out, lse, TensorView<T, 4>()},
+                     workspace);
 }
 
-template <typename T>
-void sdpa_forward_into_views(const char* function, const TensorView<const T, 4>& q, const TensorView<const T, 4>& k,
-                             const TensorView<const T, 4>& v, const TensorView<T, 4>& out,
+template <typename T, typename KV = T>
+void sdpa_forward_into_views(const char* function, const TensorView<const T, 4>& q, const TensorView<const KV, 4>& k,
+                             const TensorView<const KV, 4>& v, const TensorView<T, 4>& out,
                              const TensorView<T, 3>& lse, const AttentionOptions<T>& opts) {
   AttentionWorkspace<T> workspace;
   sdpa_forward_into_views(function, q, k, v, out, lse, opts, workspace);
+}
+
+/// The forward on 16-bit q, k, v (S = bfloat16 or float16) into out (S) and lse, weights (float): q widened to
+/// float (few rows in decoding; read many times by the fused kernel), keys and values read in place by the decode
+/// kernel or widened once for the others, scores, softmax and sums in float, out rounded once to S at the end.
+/// Arguments validated by the caller.
+template <typename S>
+void run_forward_half(const TensorView<const S, 4>& q, const TensorView<const S, 4>& k,
+                      const TensorView<const S, 4>& v, const TensorView<S, 4>& out, const TensorView<float, 3>& lse,
+                      const TensorView<float, 4>& weights, const AttentionOptions<float>& opts,
+                      AttentionWorkspace<float>& workspace) {
+  const TensorView<float, 4> query = widen_into(q, workspace.widened.query);
+  const TensorView<float, 4> wide_out = take_buffer<float, 4>(workspace.widened.out, out.shape());
+  run_forward_stored(make_stored_params<float, S>(query, k, v, opts), opts,
+                     ForwardOutputs<float>{wide_out, lse, weights}, workspace);
+  convert_view<float, S, 4>(wide_out, out);
+}
+
+/// sdpa_forward on 16-bit views: validate, allocate, run.
+template <typename S>
+AttentionForward<S> sdpa_forward_half_views(const char* function, const TensorView<const S, 4>& q,
+                                            const TensorView<const S, 4>& k, const TensorView<const S, 4>& v,
+                                            const AttentionOptions<float>& opts) {
+  validate_forward_shapes(function, q.shape(), k.shape(), v.shape(), opts);
+  AttentionForward<S> result;
+  result.out = Tensor<S, 4>({q.dim(0), q.dim(1), q.dim(2), v.dim(3)});
+  result.lse = Tensor<float, 3>({q.dim(0), q.dim(1), q.dim(2)});
+  if (opts.need_weights) result.weights = Tensor<float, 4>({q.dim(0), q.dim(1), q.dim(2), k.dim(2)});
+  AttentionWorkspace<float> workspace;
+  run_forward_half<S>(q, k, v, result.out.view(), result.lse.view(),
+                      opts.need_weights ? result.weights.view() : TensorView<float, 4>(), opts, workspace);
+  return result;
+}
+
+/// sdpa_forward_into on 16-bit views: validate (outputs included), run.
+template <typename S>
+void sdpa_forward_into_half_views(const char* function, const TensorView<const S, 4>& q,
+                                  const TensorView<const S, 4>& k, const TensorView<const S, 4>& v,
+                                  const TensorView<S, 4>& out, const TensorView<float, 3>& lse,
+                                  const AttentionOptions<float>& opts, AttentionWorkspace<float>& workspace) {
+  validate_forward_shapes(function, q.shape(), k.shape(), v.shape(), opts);
+  if (opts.need_weights)
+    throw_invalid(function, "opts.need_weights", "the _into form returns no weights; use sdpa_forward for them");
+  check_shape<4>(function, "out", out.shape(), {q.dim(0), q.dim(1), q.dim(2), v.dim(3)});
+  check_shape<3>(function, "lse", lse.shape(), {q.dim(0), q.dim(1), q.dim(2)});
+  check_destination(function, "out", out, q, k, v, opts);
+  check_destination(function, "lse", lse, q, k, v, opts);
+  if (overlaps(out, lse)) throw_invalid(function, "lse", "overlaps out; write into separate memory");
+  run_forward_half<S>(q, k, v, out, lse, TensorView<float, 4>(), opts, workspace);
 }
 
 /// The checks of every backward entry: q, k, v, out, lse, dout and the options.
@@ -344,6 +464,21 @@ void sdpa_backward_into_views(const char* function, const TensorView<const T, 4>
                workspace);
 }
 
+/// sdpa_backward on 16-bit views: the float backward on the inputs widened exactly (O(L D) copies), gradients of
+/// q, k, v rounded once to S; dbias stays float (the bias's type). The float entry validates.
+template <typename S>
+AttentionGradients<S> sdpa_backward_half_views(const char* function, const TensorView<const S, 4>& q,
+                                               const TensorView<const S, 4>& k, const TensorView<const S, 4>& v,
+                                               const TensorView<const S, 4>& out, const TensorView<const float, 3>& lse,
+                                               const TensorView<const S, 4>& dout, const AttentionOptions<float>& opts) {
+  const Tensor<float, 4> q_wide = tensor_cast<float>(q), k_wide = tensor_cast<float>(k), v_wide = tensor_cast<float>(v);
+  const Tensor<float, 4> out_wide = tensor_cast<float>(out), dout_wide = tensor_cast<float>(dout);
+  AttentionGradients<float> g =
+      sdpa_backward_views<float>(function, q_wide.view(), k_wide.view(), v_wide.view(), out_wide.view(), lse,
+                                 dout_wide.view(), opts);
+  return AttentionGradients<S>{tensor_cast<S>(g.dq), tensor_cast<S>(g.dk), tensor_cast<S>(g.dv), std::move(g.dbias)};
+}
+
 /// attention_weights on views of one element type: validate, run the kernel that has weights with Dv = 0.
 template <typename T>
 Tensor<T, 4> attention_weights_views(const TensorView<const T, 4>& q, const TensorView<const T, 4>& k,
@@ -369,7 +504,9 @@ Tensor<T, 4> attention_weights_views(const TensorView<const T, 4>& q, const Tens
 ///
 /// Shapes: q (B, H, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv) -> out (B, H, Lq, Dv), lse (B, H, Lq),
 /// weights (B, H, Lq, Lk) when `opts.need_weights`. Query head h reads key/value head h / (H / Hkv).
-/// Arguments may be any mix of `Tensor` and `TensorView` of one element type (float or double).
+/// Arguments may be any mix of `Tensor` and `TensorView` of one element type: float, double, or a 16-bit storage
+/// type (bfloat16, float16), for which the scores, softmax and sums are float, out is rounded once to the inputs'
+/// type, lse and weights are float, and opts is AttentionOptions<float> (docs/half_precision.md).
 /// Throws ShapeError / std::invalid_argument on bad shapes or options (see docs/masks.md).
 /// \code
 /// Tensor<float, 4> q({1, 8, 128, 64}), k({1, 2, 128, 64}), v({1, 2, 128, 64});
@@ -378,13 +515,16 @@ Tensor<T, 4> attention_weights_views(const TensorView<const T, 4>& q, const Tens
 /// auto fwd = sdpa_forward(q, k, v, opts);  // fwd.out (1, 8, 128, 64), fwd.lse (1, 8, 128)
 /// \endcode
 template <typename Q, typename K, typename V>
-AttentionForward<detail::float_scalar_of<Q>> sdpa_forward(const Q& q, const K& k, const V& v,
-                                                          const AttentionOptions<detail::float_scalar_of<Q>>& opts = {}) {
-  if constexpr (detail::check_attention_arguments<Q, K, V>())
+AttentionForward<detail::attention_scalar_of<Q>> sdpa_forward(
+    const Q& q, const K& k, const V& v, const AttentionOptions<detail::attention_compute_of<Q>>& opts = {}) {
+  if constexpr (!detail::check_attention_arguments<Q, K, V>())
+    return {};
+  else if constexpr (is_half_width_v<detail::scalar_of<Q>>)
+    return detail::sdpa_forward_half_views("sdpa_forward", detail::const_view(q), detail::const_view(k),
+                                           detail::const_view(v), opts);
+  else
     return detail::sdpa_forward_views("sdpa_forward", detail::const_view(q), detail::const_view(k),
                                       detail::const_view(v), opts);
-  else
-    return {};
 }
 
 /// \brief sdpa_forward into caller-owned outputs: no allocation of results, for loops that reuse buffers.
@@ -400,12 +540,11 @@ AttentionForward<detail::float_scalar_of<Q>> sdpa_forward(const Q& q, const K& k
 /// for (int step = 0; step < steps; ++step) sdpa_forward_into(q, k, v, out, lse, opts);   // no result allocated
 /// \endcode
 template <typename Q, typename K, typename V>
-void sdpa_forward_into(const Q& q, const K& k, const V& v, const TensorView<detail::float_scalar_of<Q>, 4>& out,
-                       const TensorView<detail::float_scalar_of<Q>, 3>& lse,
-                       const AttentionOptions<detail::float_scalar_of<Q>>& opts = {}) {
-  if constexpr (detail::check_attention_arguments<Q, K, V>())
-    detail::sdpa_forward_into_views("sdpa_forward_into", detail::const_view(q), detail::const_view(k),
-                                    detail::const_view(v), out, lse, opts);
+void sdpa_forward_into(const Q& q, const K& k, const V& v, const TensorView<detail::attention_scalar_of<Q>, 4>& out,
+                       const TensorView<detail::attention_compute_of<Q>, 3>& lse,
+                       const AttentionOptions<detail::attention_compute_of<Q>>& opts = {}) {
+  AttentionWorkspace<detail::attention_compute_of<Q>> workspace;
+  sdpa_forward_into(q, k, v, out, lse, opts, workspace);
 }
 
 /// \brief sdpa_forward_into with the kernels' scratch in `workspace`: after a first call of a shape, a call of
@@ -417,11 +556,16 @@ void sdpa_forward_into(const Q& q, const K& k, const V& v, const TensorView<deta
 /// for (int step = 0; step < steps; ++step) sdpa_forward_into(q, k, v, out, lse, opts, ws);  // 0 allocations
 /// \endcode
 template <typename Q, typename K, typename V>
-void sdpa_forward_into(const Q& q, const K& k, const V& v, const TensorView<detail::float_scalar_of<Q>, 4>& out,
-                       const TensorView<detail::float_scalar_of<Q>, 3>& lse,
-                       const AttentionOptions<detail::float_scalar_of<Q>>& opts,
-                       AttentionWorkspace<detail::float_scalar_of<Q>>& workspace) {
-  if constexpr (detail::check_attention_arguments<Q, K, V>())
+void sdpa_forward_into(const Q& q, const K& k, const V& v, const TensorView<detail::attention_scalar_of<Q>, 4>& out,
+                       const TensorView<detail::attention_compute_of<Q>, 3>& lse,
+                       const AttentionOptions<detail::attention_compute_of<Q>>& opts,
+                       AttentionWorkspace<detail::attention_compute_of<Q>>& workspace) {
+  if constexpr (!detail::check_attention_arguments<Q, K, V>())
+    return;
+  else if constexpr (is_half_width_v<detail::scalar_of<Q>>)
+    detail::sdpa_forward_into_half_views("sdpa_forward_into", detail::const_view(q), detail::const_view(k),
+                                         detail::const_view(v), out, lse, opts, workspace);
+  else
     detail::sdpa_forward_into_views("sdpa_forward_into", detail::const_view(q), detail::const_view(k),
                                     detail::const_view(v), out, lse, opts, workspace);
 }
@@ -438,16 +582,20 @@ void sdpa_forward_into(const Q& q, const K& k, const V& v, const TensorView<deta
 /// auto g = sdpa_backward(q, k, v, fwd.out, fwd.lse, dout, opts);   // g.dq, g.dk, g.dv
 /// \endcode
 template <typename Q, typename K, typename V, typename O, typename L, typename DO>
-AttentionGradients<detail::float_scalar_of<Q>> sdpa_backward(const Q& q, const K& k, const V& v, const O& out,
-                                                             const L& lse, const DO& dout,
-                                                             const AttentionOptions<detail::float_scalar_of<Q>>& opts = {}) {
-  if constexpr (detail::check_attention_arguments<Q, K, V, O, DO>() &&
-                detail::check_lse_argument<detail::scalar_of<Q>, L>())
+AttentionGradients<detail::attention_scalar_of<Q>> sdpa_backward(
+    const Q& q, const K& k, const V& v, const O& out, const L& lse, const DO& dout,
+    const AttentionOptions<detail::attention_compute_of<Q>>& opts = {}) {
+  if constexpr (!(detail::check_attention_arguments<Q, K, V, O, DO>() &&
+                  detail::check_lse_argument<detail::attention_compute_of<Q>, L>()))
+    return {};
+  else if constexpr (is_half_width_v<detail::scalar_of<Q>>)
+    return detail::sdpa_backward_half_views("sdpa_backward", detail::const_view(q), detail::const_view(k),
+                                            detail::const_view(v), detail::const_view(out), detail::const_view(lse),
+                                            detail::const_view(dout), opts);
+  else
     return detail::sdpa_backward_views("sdpa_backward", detail::const_view(q), detail::const_view(k),
                                        detail::const_view(v), detail::const_view(out), detail::const_view(lse),
                                        detail::const_view(dout), opts);
-  else
-    return {};
 }
 
 /// \brief sdpa_backward into caller-owned gradients, with the kernels' scratch in `workspace`: after a first call of
@@ -469,6 +617,8 @@ void sdpa_backward_into(const Q& q, const K& k, const V& v, const O& out, const 
                         const AttentionGradientViews<detail::float_scalar_of<Q>>& grads,
                         const AttentionOptions<detail::float_scalar_of<Q>>& opts,
                         AttentionWorkspace<detail::float_scalar_of<Q>>& workspace) {
+  static_assert(!is_half_width_v<detail::scalar_of<Q>>,
+                "selfattn: sdpa_backward_into takes float or double tensors; for bfloat16 or float16 use sdpa_backward");
   if constexpr (detail::check_attention_arguments<Q, K, V, O, DO>() &&
                 detail::check_lse_argument<detail::scalar_of<Q>, L>())
     detail::sdpa_backward_into_views("sdpa_backward_into", detail::const_view(q), detail::const_view(k),
@@ -494,15 +644,21 @@ void sdpa_backward_into(const Q& q, const K& k, const V& v, const O& out, const 
 /// Tensor<double, 4> o = scaled_dot_product_attention(q, k, v);
 /// \endcode
 template <typename Q, typename K, typename V>
-Tensor<detail::float_scalar_of<Q>, 4> scaled_dot_product_attention(
-    const Q& q, const K& k, const V& v, const AttentionOptions<detail::float_scalar_of<Q>>& opts = {}) {
+Tensor<detail::attention_scalar_of<Q>, 4> scaled_dot_product_attention(
+    const Q& q, const K& k, const V& v, const AttentionOptions<detail::attention_compute_of<Q>>& opts = {}) {
   if constexpr (detail::check_attention_arguments<Q, K, V>()) {
-    AttentionOptions<detail::scalar_of<Q>> without_weights = opts;
+    AttentionOptions<detail::attention_compute_of<Q>> without_weights = opts;
     without_weights.need_weights = false;
     if (opts.need_weights) without_weights.kernel = Kernel::reference;  // the kernel sdpa_forward(opts) runs
-    return detail::sdpa_forward_views("scaled_dot_product_attention", detail::const_view(q), detail::const_view(k),
-                                      detail::const_view(v), without_weights)
-        .out;
+    const char* function = "scaled_dot_product_attention";
+    if constexpr (is_half_width_v<detail::scalar_of<Q>>)
+      return detail::sdpa_forward_half_views(function, detail::const_view(q), detail::const_view(k),
+                                             detail::const_view(v), without_weights)
+          .out;
+    else
+      return detail::sdpa_forward_views(function, detail::const_view(q), detail::const_view(k), detail::const_view(v),
+                                        without_weights)
+          .out;
   } else {
     return {};
   }
@@ -516,12 +672,14 @@ Tensor<detail::float_scalar_of<Q>, 4> scaled_dot_product_attention(
 /// Tensor<float, 4> p = attention_weights(q, k, opts);  // each row sums to 1 (or is all 0)
 /// \endcode
 template <typename Q, typename K>
-Tensor<detail::float_scalar_of<Q>, 4> attention_weights(const Q& q, const K& k,
-                                                        const AttentionOptions<detail::float_scalar_of<Q>>& opts = {}) {
-  if constexpr (detail::check_attention_arguments<Q, K>())
-    return detail::attention_weights_views(detail::const_view(q), detail::const_view(k), opts);
-  else
+Tensor<detail::attention_compute_of<Q>, 4> attention_weights(const Q& q, const K& k,
+                                                             const AttentionOptions<detail::attention_compute_of<Q>>& opts = {}) {
+  if constexpr (!detail::check_attention_arguments<Q, K>())
     return {};
+  else if constexpr (is_half_width_v<detail::scalar_of<Q>>)  // probabilities in float from the widened inputs
+    return detail::attention_weights_views<float>(tensor_cast<float>(q).view(), tensor_cast<float>(k).view(), opts);
+  else
+    return detail::attention_weights_views(detail::const_view(q), detail::const_view(k), opts);
 }
 
 }  // namespace selfattn

@@ -36,6 +36,7 @@
 
 #include <array>
 #include <cstdint>
+#include <vector>
 
 /// \cond SELFATTN_INTERNAL
 // The explicit instantiations of one element type T, behind KEYWORD: `extern template` here (declarations),
@@ -87,6 +88,12 @@
   KEYWORD LinearGradients<T> linear_backward<T>(const TensorView<const T, 3>&, const TensorView<const T, 2>&,      \
                                                 const TensorView<const T, 3>&, bool);                              \
   KEYWORD class MultiHeadAttention<T>;                                                                             \
+  KEYWORD Tensor<T, 3> MultiHeadAttention<T>::step_views<T>(const MhaParams<T>&, const TensorView<const T, 3>&,   \
+                                                            KVCache<T, T>&, const AttentionOptions<T>&,             \
+                                                            const std::vector<Index>&) const;                      \
+  KEYWORD void MultiHeadAttention<T>::step_into_views<T>(const MhaParams<T>&, const TensorView<const T, 3>&,      \
+                                                         KVCache<T, T>&, const TensorView<T, 3>&,                  \
+                                                         const AttentionOptions<T>&, const std::vector<Index>&) const; \
   KEYWORD void detail::norm_forward_into<T>(NormKind, T, const TensorView<const T, 3>&, const TensorView<const T, 1>&, \
                                             const TensorView<const T, 1>&, const TensorView<T, 3>&,               \
                                             detail::NormStatistics<T>&);                                           \

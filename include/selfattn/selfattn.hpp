@@ -22,6 +22,7 @@
 #include <selfattn/attend_with_weights.hpp>
 #include <selfattn/attention.hpp>
 #include <selfattn/errors.hpp>
+#include <selfattn/half_precision.hpp>
 #include <selfattn/heads.hpp>
 #include <selfattn/io/npy.hpp>
 #include <selfattn/io/state_dict.hpp>  // not io/safetensors.hpp: it needs nlohmann/json, include it yourself

@@ -6,6 +6,7 @@
 #include <selfattn/detail/decode.hpp>
 #include <selfattn/detail/fused_backward.hpp>
 #include <selfattn/detail/fused_forward.hpp>
+#include <selfattn/detail/widened_inputs.hpp>
 #include <selfattn/tensor.hpp>
 
 #include <type_traits>
@@ -16,6 +17,7 @@ namespace selfattn {
 /// `sdpa_backward_into` and, after a first call of a shape, further calls of that shape (or smaller) allocate
 /// nothing.
 ///
+/// A workspace of float serves calls on bfloat16 and float16 inputs too (their compute type is float).
 /// It holds what the fused forward, the decode kernel and the fused backward otherwise allocate inside each call:
 /// per-thread tiles, the decode kernel's query layouts and partials, the backward's row sums and accumulators.
 /// Containers only grow; nothing in it affects results (a call with a workspace writes bitwise what the same call
@@ -44,6 +46,7 @@ struct AttentionWorkspace {
   detail::FusedForwardScratch<T> fused;    ///< the fused forward's per-thread tiles
   detail::DecodeScratch<T> decode;         ///< the decode kernel's rows, queries, partials and per-thread scores
   detail::FusedBackwardScratch<T> backward;  ///< the fused backward's row sums, per-thread tiles and accumulators
+  detail::WideningScratch<T> widened;        ///< 16-bit inputs widened to T, and the output before it is rounded
   ///@}
 };
 

@@ -1,5 +1,5 @@
-// Attention computes in float or double; integer tensors are refused with a sentence.
-// expect: attention runs on float or double tensors
+// Attention computes in float or double (16-bit inputs in float); integer tensors are refused with a sentence.
+// expect: attention runs on float, double, bfloat16 or float16 tensors
 #include <selfattn/attention.hpp>
 
 void compile_fail_case() {

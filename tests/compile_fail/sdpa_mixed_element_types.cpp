@@ -1,5 +1,5 @@
 // q, k and v hold one element type: float with double is a mistake, not a conversion.
-// expect: must hold one element type: all float or all double
+// expect: must hold one element type: all float, double, bfloat16 or float16
 #include <selfattn/attention.hpp>
 
 void compile_fail_case() {

@@ -38,8 +38,8 @@ constexpr Index decode_max_query_rows = 16;
 
 /// The one predicate of the automatic kernel choice for decoding: few query rows per head (Lq <= 16). Any
 /// mask, bias or dropout is fine (the general path takes them); weights are not (only the reference has them).
-template <typename T>
-bool decode_suits(const AttentionParams<T>& p) {
+template <typename T, typename KV>
+bool decode_suits(const AttentionParams<T, KV>& p) {
   return p.q_len() <= decode_max_query_rows;
 }
 
@@ -56,8 +56,8 @@ constexpr Index streaming_max_rows = 3;
 
 /// The rule that picks the path: general with per-element masks or dropout, else streaming for R <= 3 rows per
 /// key/value head, else grouped.
-template <typename T>
-DecodePath decode_path(const AttentionParams<T>& p) {
+template <typename T, typename KV>
+DecodePath decode_path(const AttentionParams<T, KV>& p) {
   if (p.mask.has_element_masks() || p.dropout.active()) return DecodePath::general;
   return p.group() * p.q_len() <= streaming_max_rows ? DecodePath::streaming : DecodePath::grouped;
 }
@@ -125,9 +125,10 @@ struct DecodeScratch {
 };
 
 /// The driver shared by the paths: tasks (batch, key/value head, chunk) write partials, merged afterwards in
-/// chunk order and finished into out and lse. `Path` is GeneralDecode, GroupedDecode or StreamingDecode.
-template <typename Path, typename T>
-void run_decode(const AttentionParams<T>& p, const ForwardOutputs<T>& result, DecodeScratch<T>& scratch_space) {
+/// chunk order and finished into out and lse. `Path` is GeneralDecode, GroupedDecode or StreamingDecode (of the
+/// storage type KV of keys and values).
+template <typename Path, typename T, typename KV>
+void run_decode(const AttentionParams<T, KV>& p, const ForwardOutputs<T>& result, DecodeScratch<T>& scratch_space) {
   const Index kv_heads = p.kv_heads(), heads = p.batch() * kv_heads, rows = p.group() * p.q_len();
   const Index value_dim = p.value_dim(), lanes = Path::lanes(rows);
   const Index chunks = std::max<Index>(1, ceil_div(p.k_len(), decode_chunk)), tasks = heads * chunks;
@@ -159,7 +160,8 @@ void run_decode(const AttentionParams<T>& p, const ForwardOutputs<T>& result, De
   std::vector<micro::Buffer<T>>& scratch = scratch_space.threads;  // sized before any thread starts
   grow_to(scratch, threads);
   for (int t = 0; t < threads; ++t)
-    scratch[static_cast<std::size_t>(t)].assign(static_cast<std::size_t>(Path::scratch_size(lanes)), T(0));
+    scratch[static_cast<std::size_t>(t)].assign(
+        static_cast<std::size_t>(Path::scratch_size(lanes, p.head_dim(), value_dim)), T(0));
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
 #endif
@@ -173,7 +175,7 @@ void run_decode(const AttentionParams<T>& p, const ForwardOutputs<T>& result, De
       empty_partial(partial(task), lanes, value_dim);
       continue;
     }
-    const DecodeChunk<T> chunk{row_pointer(p.k, b, hk, 0), p.k.stride(2), row_pointer(p.v, b, hk, 0), p.v.stride(2),
+    const DecodeChunk<KV> chunk{row_pointer(p.k, b, hk, 0), p.k.stride(2), row_pointer(p.v, b, hk, 0), p.v.stride(2),
                                lo, hi, std::min(hi + decode_chunk, set.last_key), !set.all_see(lo, hi)};
     Path::chunk(queries[static_cast<std::size_t>(head)], set, p, chunk, value_dim,
                 scratch[static_cast<std::size_t>(thread_id())].data(), partial(task));
@@ -202,32 +204,33 @@ void run_decode(const AttentionParams<T>& p, const ForwardOutputs<T>& result, De
 
 /// The decode kernel: the same contract as reference_forward without weights. `path` defaults to the rule's
 /// choice; tests and benchmarks force each path. A fast path asked for where per-element masks or dropout rule
-/// it out runs the general path instead: forcing a path never changes what is computed.
-template <typename T>
-void decode_forward(const AttentionParams<T>& p, const ForwardOutputs<T>& result, DecodePath path,
+/// it out runs the general path instead: forcing a path never changes what is computed. Keys and values may be
+/// stored in 16 bits (KV = bfloat16 or float16, T = float): every path reads them in place and widens them exactly.
+template <typename T, typename KV>
+void decode_forward(const AttentionParams<T, KV>& p, const ForwardOutputs<T>& result, DecodePath path,
                     DecodeScratch<T>& scratch) {
   if (decode_path(p) == DecodePath::general) path = DecodePath::general;
   switch (path) {
-    case DecodePath::general: run_decode<GeneralDecode<T>>(p, result, scratch); break;
-    case DecodePath::grouped: run_decode<GroupedDecode<T>>(p, result, scratch); break;
-    case DecodePath::streaming: run_decode<StreamingDecode<T>>(p, result, scratch); break;
+    case DecodePath::general: run_decode<GeneralDecode<T, KV>>(p, result, scratch); break;
+    case DecodePath::grouped: run_decode<GroupedDecode<T, KV>>(p, result, scratch); break;
+    case DecodePath::streaming: run_decode<StreamingDecode<T, KV>>(p, result, scratch); break;
   }
 }
 
 /// decode_forward with scratch of its own, allocated for this call.
-template <typename T>
-void decode_forward(const AttentionParams<T>& p, const ForwardOutputs<T>& result, DecodePath path) {
+template <typename T, typename KV>
+void decode_forward(const AttentionParams<T, KV>& p, const ForwardOutputs<T>& result, DecodePath path) {
   DecodeScratch<T> scratch;
   decode_forward(p, result, path, scratch);
 }
 
-template <typename T>
-void decode_forward(const AttentionParams<T>& p, const ForwardOutputs<T>& result, DecodeScratch<T>& scratch) {
+template <typename T, typename KV>
+void decode_forward(const AttentionParams<T, KV>& p, const ForwardOutputs<T>& result, DecodeScratch<T>& scratch) {
   decode_forward(p, result, decode_path(p), scratch);
 }
 
-template <typename T>
-void decode_forward(const AttentionParams<T>& p, const ForwardOutputs<T>& result) {
+template <typename T, typename KV>
+void decode_forward(const AttentionParams<T, KV>& p, const ForwardOutputs<T>& result) {
   decode_forward(p, result, decode_path(p));
 }
 

@@ -67,16 +67,17 @@ struct GroupedQueries {
 };
 
 /// Lanes [v0, v0 + NV packets) of the grouped kernel over the keys [lo, hi) of a chunk. chunk.masked: some row
-/// does not see every key of [lo, hi) (check key ranges, skip zero probabilities).
-template <typename T, int NV>
-void grouped_lanes(const GroupedQueries<T>& q, Index v0, const DecodeChunk<T>& chunk, Index value_dim, T* scores,
+/// does not see every key of [lo, hi) (check key ranges, skip zero probabilities). KV: the storage type of keys
+/// and values, widened element by element as the micro-kernel broadcasts them.
+template <typename T, int NV, typename KV>
+void grouped_lanes(const GroupedQueries<T>& q, Index v0, const DecodeChunk<KV>& chunk, Index value_dim, T* scores,
                    const DecodePartial<T>& part) {
   using namespace Eigen::internal;
   using P = Packet<T>;
   constexpr Index ps = packet_size<T>;
   constexpr int MR = grouped_tile<NV>;
-  const T* k = chunk.k;
-  const T* v = chunk.v;
+  const KV* k = chunk.k;
+  const KV* v = chunk.v;
   const Index ldk = chunk.ldk, ldv = chunk.ldv, lo = chunk.lo, hi = chunk.hi, lanes = q.lanes, n = hi - lo;
   const bool masked = chunk.masked;
   const P minus_infinity = pset1<P>(-std::numeric_limits<T>::infinity());
@@ -87,7 +88,7 @@ void grouped_lanes(const GroupedQueries<T>& q, Index v0, const DecodeChunk<T>& c
   // below): measured on Zen 4, G = 16, 32k keys, one thread, 50 GFLOP/s with K and V from memory against 105
   // from cache. So the first lane group prefetches the next chunk (the next task of this thread under a static
   // schedule) line by line while it computes: its keys during pass 1, its values during pass 3 (84 GFLOP/s).
-  using Prefetcher = LinePrefetcher<T, grouped_prefetch_period>;
+  using Prefetcher = LinePrefetcher<KV, grouped_prefetch_period>;
   Prefetcher next_keys, next_values;
   if (v0 == 0) {
     next_keys = Prefetcher(k, ldk, q.depth, hi, chunk.next_end);
@@ -160,17 +161,17 @@ void grouped_lanes(const GroupedQueries<T>& q, Index v0, const DecodeChunk<T>& c
 }  // namespace micro
 
 /// The grouped path as decode.hpp's driver runs it: R = G * Lq rows in SIMD lanes, K and V read in place once
-/// per chunk. Partials are lane-major: acc (Dv, lanes).
-template <typename T>
+/// per chunk. Partials are lane-major: acc (Dv, lanes). KV: the storage type of keys and values.
+template <typename T, typename KV = T>
 struct GroupedDecode {
   using Queries = micro::GroupedQueries<T>;
 
   static Index lanes(Index rows) { return ceil_div(rows, micro::packet_size<T>) * micro::packet_size<T>; }
   static constexpr bool lane_major = true;
-  static Index scratch_size(Index lane_count) { return decode_chunk * lane_count; }
+  static Index scratch_size(Index lane_count, Index, Index) { return decode_chunk * lane_count; }
 
   /// Lays out the rows' queries in q, within the capacity of its buffers.
-  static void prepare(const AttentionParams<T>& p, const DecodeRows<T>& rows, Queries& q) {
+  static void prepare(const AttentionParams<T, KV>& p, const DecodeRows<T>& rows, Queries& q) {
     q.lanes = lanes(rows.rows());
     q.depth = p.head_dim();
     q.alibi = p.mask.has_alibi();
@@ -194,16 +195,16 @@ struct GroupedDecode {
   }
 
   /// One chunk: the lanes in groups of up to micro_packets packets.
-  static void chunk(const Queries& q, const DecodeRows<T>&, const AttentionParams<T>&, const DecodeChunk<T>& chunk,
+  static void chunk(const Queries& q, const DecodeRows<T>&, const AttentionParams<T, KV>&, const DecodeChunk<KV>& chunk,
                     Index value_dim, T* scratch, const DecodePartial<T>& part) {
     constexpr Index ps = micro::packet_size<T>;
     const Index packets = q.lanes / ps;
     for (Index v0 = 0; v0 < packets; v0 += micro::micro_packets) {
       switch (std::min<Index>(micro::micro_packets, packets - v0)) {
-        case 1: micro::grouped_lanes<T, 1>(q, v0, chunk, value_dim, scratch, part); break;
-        case 2: micro::grouped_lanes<T, 2>(q, v0, chunk, value_dim, scratch, part); break;
-        case 3: micro::grouped_lanes<T, 3>(q, v0, chunk, value_dim, scratch, part); break;
-        default: micro::grouped_lanes<T, 4>(q, v0, chunk, value_dim, scratch, part); break;
+        case 1: micro::grouped_lanes<T, 1, KV>(q, v0, chunk, value_dim, scratch, part); break;
+        case 2: micro::grouped_lanes<T, 2, KV>(q, v0, chunk, value_dim, scratch, part); break;
+        case 3: micro::grouped_lanes<T, 3, KV>(q, v0, chunk, value_dim, scratch, part); break;
+        default: micro::grouped_lanes<T, 4, KV>(q, v0, chunk, value_dim, scratch, part); break;
       }
     }
   }

@@ -47,8 +47,8 @@ struct DecodeRows {
 
 /// Fills `rows` with the rows of (batch b, key/value head kv_head); within the capacity of rows.masks nothing is
 /// allocated.
-template <typename T>
-void decode_rows(const AttentionParams<T>& p, Index b, Index kv_head, DecodeRows<T>& rows) {
+template <typename T, typename KV>
+void decode_rows(const AttentionParams<T, KV>& p, Index b, Index kv_head, DecodeRows<T>& rows) {
   rows.masks.clear();
   rows.batch = b;
   rows.kv_head = kv_head;
@@ -68,8 +68,8 @@ void decode_rows(const AttentionParams<T>& p, Index b, Index kv_head, DecodeRows
   }
 }
 
-template <typename T>
-DecodeRows<T> decode_rows(const AttentionParams<T>& p, Index b, Index kv_head) {
+template <typename T, typename KV>
+DecodeRows<T> decode_rows(const AttentionParams<T, KV>& p, Index b, Index kv_head) {
   DecodeRows<T> rows;
   decode_rows(p, b, kv_head, rows);
   return rows;
@@ -98,12 +98,13 @@ void empty_partial(const DecodePartial<T>& part, Index lanes, Index value_dim) {
 }
 
 /// Where one chunk's keys are: rows [lo, hi) of this (batch, key/value head)'s K and V, and the keys of the next
-/// chunk some row may see, [hi, next_end), which a path may prefetch while it computes this one.
-template <typename T>
+/// chunk some row may see, [hi, next_end), which a path may prefetch while it computes this one. KV: the storage
+/// type of keys and values (T, or 16 bits widened as they are read).
+template <typename KV>
 struct DecodeChunk {
-  const T* k;     ///< key row 0 of the head; row j at k + j * ldk
+  const KV* k;    ///< key row 0 of the head; row j at k + j * ldk
   Index ldk;
-  const T* v;     ///< value row 0 of the head; row j at v + j * ldv
+  const KV* v;    ///< value row 0 of the head; row j at v + j * ldv
   Index ldv;
   Index lo;       ///< first key of the chunk that some row sees
   Index hi;       ///< one past the last

@@ -25,6 +25,7 @@
 #include <selfattn/detail/params.hpp>
 #include <selfattn/detail/simd.hpp>
 #include <selfattn/detail/softmax.hpp>
+#include <selfattn/detail/widen.hpp>
 #include <selfattn/tensor.hpp>
 
 #include <Eigen/Core>
@@ -56,20 +57,21 @@ struct StreamingQueries {
 
 /// Rows [r0, r0 + R) of the streaming kernel over the keys [lo, hi) of a chunk (n = hi - lo). scores: scratch of
 /// R x n. Writes rows r0.. of the partial (max, sum, acc (rows, Dv)). prefetch: whether to prefetch this chunk's
-/// values (during pass 1) and the keys [hi, next_end) of the next chunk (during pass 3).
-template <typename T, int R>
-void streaming_block(const StreamingQueries<T>& q, const DecodeRows<T>& rows, Index r0, const DecodeChunk<T>& chunk,
+/// values (during pass 1) and the keys [hi, next_end) of the next chunk (during pass 3). Keys and values of a 16-bit
+/// KV are widened to T as they are loaded: half the bytes from memory, the same float arithmetic.
+template <typename T, int R, typename KV>
+void streaming_block(const StreamingQueries<T>& q, const DecodeRows<T>& rows, Index r0, const DecodeChunk<KV>& chunk,
                      Index value_dim, bool prefetch, T* scores, const DecodePartial<T>& part) {
   using namespace Eigen::internal;
   using P = Packet<T>;
   constexpr Index ps = packet_size<T>;
   constexpr T minus_infinity = -std::numeric_limits<T>::infinity();
-  const T* k = chunk.k;
-  const T* v = chunk.v;
+  const KV* k = chunk.k;
+  const KV* v = chunk.v;
   const Index ldk = chunk.ldk, ldv = chunk.ldv, lo = chunk.lo, hi = chunk.hi;
   const Index n = hi - lo, depth = q.depth, full_depth = depth / ps * ps;
-  const Index key_bytes = depth * static_cast<Index>(sizeof(T));
-  const Index value_bytes = value_dim * static_cast<Index>(sizeof(T));
+  const Index key_bytes = depth * static_cast<Index>(sizeof(KV));
+  const Index value_bytes = value_dim * static_cast<Index>(sizeof(KV));
   const T* queries = q.q.data() + r0 * depth;
 
   // Pass 1: scores, 4 keys at a time; the chunk's values (pass 3's data) prefetched as the keys are read.
@@ -80,10 +82,10 @@ void streaming_block(const StreamingQueries<T>& q, const DecodeRows<T>& rows, In
     });
     P acc[M][R];
     unroll<M>([&](auto m) { unroll<R>([&](auto r) { acc[m][r] = pset1<P>(T(0)); }); });
-    const T* key = k + (lo + j0) * ldk;
+    const KV* key = k + (lo + j0) * ldk;
     for (Index d = 0; d < full_depth; d += ps) {
       P keys[M];
-      unroll<M>([&](auto m) { keys[m] = ploadu<P>(key + m * ldk + d); });
+      unroll<M>([&](auto m) { keys[m] = load_widened<T>(key + m * ldk + d); });
       unroll<R>([&](auto r) {
         const P query = ploadu<P>(queries + r * depth + d);
         unroll<M>([&](auto m) { acc[m][r] = pmadd(keys[m], query, acc[m][r]); });
@@ -93,7 +95,7 @@ void streaming_block(const StreamingQueries<T>& q, const DecodeRows<T>& rows, In
       const Index j = lo + j0 + m;
       unroll<R>([&](auto r) {
         T s = predux(acc[m][r]);
-        for (Index d = full_depth; d < depth; ++d) s += key[m * ldk + d] * queries[r * depth + d];
+        for (Index d = full_depth; d < depth; ++d) s += widen<T>(key[m * ldk + d]) * queries[r * depth + d];
         const RowMask<T>& mask = rows.masks[static_cast<std::size_t>(r0 + r)];
         if (q.alibi) s = minus_alibi(s, mask.slope, mask.diagonal, static_cast<T>(j));
         // Select, never use, a masked score: a NaN key outside the range must not survive.
@@ -121,9 +123,9 @@ void streaming_block(const StreamingQueries<T>& q, const DecodeRows<T>& rows, In
       const bool prefetching = prefetch && e0 == 0;
       for (Index j = 0; j < n; ++j) {
         if (prefetching && hi + j < chunk.next_end) prefetch_row(k + (hi + j) * ldk, key_bytes);
-        const T* value = v + (lo + j) * ldv + e0;
+        const KV* value = v + (lo + j) * ldv + e0;
         P vv[NV];
-        unroll<NV>([&](auto w) { vv[w] = ploadu<P>(value + w * ps); });
+        unroll<NV>([&](auto w) { vv[w] = load_widened<T>(value + w * ps); });
         unroll<R>([&](auto r) {
           const P probability = pset1<P>(scores[r * n + j]);
           unroll<NV>([&](auto w) {
@@ -144,7 +146,7 @@ void streaming_block(const StreamingQueries<T>& q, const DecodeRows<T>& rows, In
         T acc = T(0);
         for (Index j = 0; j < n; ++j) {
           const T probability = scores[r * n + j];
-          if (!decltype(safe)::value || probability != T(0)) acc += probability * v[(lo + j) * ldv + e];
+          if (!decltype(safe)::value || probability != T(0)) acc += probability * widen<T>(v[(lo + j) * ldv + e]);
         }
         part.acc[(r0 + r) * value_dim + e] = acc;
       }
@@ -156,17 +158,17 @@ void streaming_block(const StreamingQueries<T>& q, const DecodeRows<T>& rows, In
 }  // namespace micro
 
 /// The streaming path as decode.hpp's driver runs it: each row vectorised over D, K and V streamed once per chunk
-/// with the next chunk prefetched. Partials are row-major: acc (R, Dv).
-template <typename T>
+/// with the next chunk prefetched. Partials are row-major: acc (R, Dv). KV: the storage type of keys and values.
+template <typename T, typename KV = T>
 struct StreamingDecode {
   using Queries = micro::StreamingQueries<T>;
 
   static Index lanes(Index rows) { return rows; }
   static constexpr bool lane_major = false;
-  static Index scratch_size(Index) { return micro::streaming_rows * decode_chunk; }
+  static Index scratch_size(Index, Index, Index) { return micro::streaming_rows * decode_chunk; }
 
   /// Lays out the rows' queries in q, within the capacity of its buffer.
-  static void prepare(const AttentionParams<T>& p, const DecodeRows<T>& rows, Queries& q) {
+  static void prepare(const AttentionParams<T, KV>& p, const DecodeRows<T>& rows, Queries& q) {
     q.depth = p.head_dim();
     q.alibi = p.mask.has_alibi();
     q.q.assign(static_cast<std::size_t>(rows.rows() * q.depth), T(0));
@@ -178,15 +180,15 @@ struct StreamingDecode {
 
   /// One chunk: the rows in blocks of streaming_rows over the same keys (then in L2); only the first block
   /// prefetches, later blocks find the chunk in L2 and the next one already requested.
-  static void chunk(const Queries& q, const DecodeRows<T>& rows, const AttentionParams<T>&, const DecodeChunk<T>& chunk,
+  static void chunk(const Queries& q, const DecodeRows<T>& rows, const AttentionParams<T, KV>&, const DecodeChunk<KV>& chunk,
                     Index value_dim, T* scratch, const DecodePartial<T>& part) {
     for (Index r0 = 0; r0 < rows.rows(); r0 += micro::streaming_rows) {
       const bool prefetch = r0 == 0;
       switch (std::min<Index>(micro::streaming_rows, rows.rows() - r0)) {
-        case 1: micro::streaming_block<T, 1>(q, rows, r0, chunk, value_dim, prefetch, scratch, part); break;
-        case 2: micro::streaming_block<T, 2>(q, rows, r0, chunk, value_dim, prefetch, scratch, part); break;
-        case 3: micro::streaming_block<T, 3>(q, rows, r0, chunk, value_dim, prefetch, scratch, part); break;
-        default: micro::streaming_block<T, 4>(q, rows, r0, chunk, value_dim, prefetch, scratch, part); break;
+        case 1: micro::streaming_block<T, 1, KV>(q, rows, r0, chunk, value_dim, prefetch, scratch, part); break;
+        case 2: micro::streaming_block<T, 2, KV>(q, rows, r0, chunk, value_dim, prefetch, scratch, part); break;
+        case 3: micro::streaming_block<T, 3, KV>(q, rows, r0, chunk, value_dim, prefetch, scratch, part); break;
+        default: micro::streaming_block<T, 4, KV>(q, rows, r0, chunk, value_dim, prefetch, scratch, part); break;
       }
     }
   }

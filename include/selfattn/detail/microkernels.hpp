@@ -14,6 +14,7 @@
 #pragma once
 
 #include <selfattn/detail/simd.hpp>
+#include <selfattn/half_precision.hpp>
 #include <selfattn/tensor.hpp>
 
 #include <Eigen/Core>
@@ -32,9 +33,11 @@ inline constexpr int micro_packets = 4;
 /// Safe = true skips every product with a zero factor (keeps the accumulator instead of adding 0 * x), for
 /// operands that may hold inf or NaN where the other factor is 0; every other term is the same pmadd as in the
 /// fast kernel, so both give bitwise the same result on finite data. prefetcher.step(k) runs at every k (the
-/// default NoPrefetch compiles away; the decode kernels prefetch the next chunk with a LinePrefetcher).
-template <typename T, int MR, int NV, bool Safe, typename Prefetcher = NoPrefetch>
-EIGEN_ALWAYS_INLINE void micro_kernel(Index depth, const T* a, Index ams, Index aks, const T* b, Index ldb,
+/// default NoPrefetch compiles away; the decode kernels prefetch the next chunk with a LinePrefetcher). A may be a
+/// 16-bit storage type (a bfloat16 or float16 KV cache read in place): each element is widened to T exactly as it
+/// is broadcast, so the arithmetic is T's.
+template <typename T, int MR, int NV, bool Safe, typename Prefetcher = NoPrefetch, typename A = T>
+EIGEN_ALWAYS_INLINE void micro_kernel(Index depth, const A* a, Index ams, Index aks, const T* b, Index ldb,
                                       Packet<T> (&result)[MR][NV], Prefetcher&& prefetcher = Prefetcher()) {
   using P = Packet<T>;
   constexpr Index ps = packet_size<T>;
@@ -44,11 +47,11 @@ EIGEN_ALWAYS_INLINE void micro_kernel(Index depth, const T* a, Index ams, Index 
   for (Index k = 0; k < depth; ++k) {
     prefetcher.step(k);
     const T* b_row = b + k * ldb;
-    const T* a_col = a + k * aks;
+    const A* a_col = a + k * aks;
     P bv[NV];
     unroll<NV>([&](auto v) { bv[v] = Eigen::internal::ploadu<P>(b_row + v * ps); });
     unroll<MR>([&](auto m) {
-      const P av = Eigen::internal::pset1<P>(a_col[m * ams]);
+      const P av = Eigen::internal::pset1<P>(widen<T>(a_col[m * ams]));
       unroll<NV>([&](auto v) {
         if constexpr (Safe) {  // the same pmadd, kept only where neither factor is 0: bitwise the fast result
           const P skip = Eigen::internal::por(Eigen::internal::pcmp_eq(av, zero), Eigen::internal::pcmp_eq(bv[v], zero));

@@ -15,12 +15,13 @@ namespace selfattn::detail {
 /// Everything one attention call needs.
 ///
 /// Shapes: q (B, H, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv); query head h reads key/value head
-/// h / (H / Hkv). v may have Dv == 0 when only the weights are wanted.
-template <typename T>
+/// h / (H / Hkv). v may have Dv == 0 when only the weights are wanted. KV is the storage type of k and v: T, or
+/// a 16-bit type (bfloat16, float16) that the decode kernel reads in place and widens to T = float.
+template <typename T, typename KV = T>
 struct AttentionParams {
   TensorView<const T, 4> q;
-  TensorView<const T, 4> k;
-  TensorView<const T, 4> v;
+  TensorView<const KV, 4> k;
+  TensorView<const KV, 4> v;
   T scale = T(1);           // s_ij = scale * q_i . k_j (+ the mask's terms)
   MaskParams<T> mask;       // which keys a row sees, and what is added to its scores
   DropoutParams<T> dropout;  // which probabilities survive

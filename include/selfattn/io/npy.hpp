@@ -30,6 +30,7 @@
 #pragma once
 
 #include <selfattn/errors.hpp>
+#include <selfattn/half_precision.hpp>
 #include <selfattn/tensor.hpp>
 
 #include <algorithm>
@@ -192,18 +193,6 @@ T element_from_bits(element_bits_t<T> bits) {
   // type is trivially copyable (asserted above), which is all memcpy needs.
   std::memcpy(static_cast<void*>(&value), &bits, sizeof bits);
   return value;
-}
-
-/// double -> float rounding to odd: exact values are kept, any other goes to the float of the two around it
-/// whose last significand bit is 1 (beyond the float range: FLT_MAX, below it: the smallest subnormal, both
-/// signed). Rounding that float to nearest-even at 2 or more bits less precision (float16: 11 bits,
-/// bfloat16: 8, against float's 24) then gives the correctly rounded result of the double (Boldo and
-/// Melquiond, "When double rounding is odd", 2005); rounding the double to nearest float first would not.
-inline float narrow_to_float_round_to_odd(double value) {
-  float nearest = static_cast<float>(value);
-  if (std::isnan(value) || static_cast<double>(nearest) == value) return nearest;  // exact, infinite or NaN
-  if (std::fabs(static_cast<double>(nearest)) > std::fabs(value)) nearest = std::nextafter(nearest, 0.0f);  // toward 0
-  return element_from_bits<float>(element_bits(nearest) | 1u);
 }
 
 /// A float converted to the element type T: exact for float and double, rounded to nearest even for

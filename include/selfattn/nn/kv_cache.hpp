@@ -11,6 +11,7 @@
 #pragma once
 
 #include <selfattn/errors.hpp>
+#include <selfattn/half_precision.hpp>
 #include <selfattn/nn/module_workspace.hpp>
 #include <selfattn/positional.hpp>
 #include <selfattn/tensor.hpp>
@@ -18,6 +19,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace selfattn {
@@ -48,15 +50,26 @@ struct CachePolicy {
 
 /// \brief Keys (after RoPE) and values of the tokens seen so far, per sequence and key/value head.
 ///
+/// T is the module's type (what append receives); S is the storage type of keys and values: T by default, or
+/// bfloat16 / float16 (with T = float) for half the memory and half the bytes each decode step reads. Keys and
+/// values are rounded to S once, to nearest even, when they are appended; attention reads them in place.
+///
 /// Shapes: keys() and values() are (B, Hkv, capacity, D); sequence b's tokens are rows [0, lengths()[b]).
 /// \code
 /// auto cache = mha.make_cache(2);                   // keep every token, grow as needed
 /// Tensor<float, 3> y = mha.step(prompt, cache);     // prefill (B, L, E)
 /// y = mha.step(next_token, cache);                  // (B, 1, E); cache.length() == L + 1
+/// auto half = mha.make_cache<bfloat16>(2);          // KVCache<float, bfloat16>: 2 bytes per element
 /// \endcode
-template <typename T>
+template <typename T, typename S = T>
 class KVCache {
+  static_assert(std::is_same_v<S, T> || (is_half_width_v<S> && std::is_same_v<T, float>),
+                "selfattn::KVCache<T, S>: S is T, or bfloat16 / float16 with T = float");
+
  public:
+  using value_type = T;    ///< what append takes and attention computes in
+  using storage_type = S;  ///< what keys and values are stored as
+
   /// An empty cache for `batch` sequences of `kv_heads` key/value heads of dimension `head_dim` (usually made
   /// by MultiHeadAttention::make_cache). Throws std::invalid_argument naming `batch` (< 0), `kv_heads` or
   /// `head_dim` (< 1), or `policy.window`, `policy.sink_tokens`, `policy.capacity` when the policy is invalid.
@@ -93,12 +106,13 @@ class KVCache {
   /// Tokens each sequence has seen, evicted ones included: the absolute position of its next token.
   const std::vector<Index>& positions() const { return seen_; }
   /// Keys after RoPE, (B, Hkv, capacity, D).
-  TensorView<const T, 4> keys() const { return keys_; }
+  TensorView<const S, 4> keys() const { return keys_; }
   /// Values, (B, Hkv, capacity, D).
-  TensorView<const T, 4> values() const { return values_; }
+  TensorView<const S, 4> values() const { return values_; }
   /// Bytes held for keys, values and the copies of the sinks' keys as first rotated: what the policy bounds.
   std::size_t memory_bytes() const {
-    return sizeof(T) * static_cast<std::size_t>(keys_.size() + values_.size() + sink_keys_.size());
+    return sizeof(S) * static_cast<std::size_t>(keys_.size() + values_.size()) +
+           sizeof(T) * static_cast<std::size_t>(sink_keys_.size());
   }
   /// Forgets every token; keeps the allocation.
   void clear() {
@@ -121,7 +135,7 @@ class KVCache {
     const Index grown = policy_.capacity > 0 ? policy_.capacity
                         : policy_.evicts()   ? std::max(tokens, window_slots())
                                              : std::max(tokens, 2 * capacity());
-    Tensor<T, 4> keys({batch_, kv_heads_, grown, head_dim_}), values({batch_, kv_heads_, grown, head_dim_});
+    Tensor<S, 4> keys({batch_, kv_heads_, grown, head_dim_}), values({batch_, kv_heads_, grown, head_dim_});
     for (Index b = 0; b < batch_; ++b)
       for (Index h = 0; h < kv_heads_; ++h) {
         const Index rows = lengths_[static_cast<std::size_t>(b)];
@@ -133,7 +147,7 @@ class KVCache {
   }
 
   /// \brief Appends n tokens to sequence b: keys (after RoPE, at positions positions()[b] ..) and values, both
-  /// (Hkv, n, D); then evicts what the policy drops. `rope` is the rotation the keys were made with (null
+  /// (Hkv, n, D), rounded to the storage type S once here; then evicts what the policy drops. `rope` is the rotation the keys were made with (null
   /// without RoPE): with attention sinks, evicting re-rotates the sinks' keys with it (see evict below).
   ///
   /// Throws ShapeError naming `keys` or `values`, std::invalid_argument naming `b` or `tokens` (a fixed
@@ -154,8 +168,8 @@ class KVCache {
     for (Index h = 0; h < kv_heads_; ++h)
       for (Index l = 0; l < n; ++l) {
         const Index slot = length + l;
-        as_vector(keys_[b][h][slot]) = as_vector(keys[h][l]);
-        as_vector(values_[b][h][slot]) = as_vector(values[h][l]);
+        detail::convert_row(&keys(h, l, 0), &keys_(b, h, slot, 0), head_dim_);
+        detail::convert_row(&values(h, l, 0), &values_(b, h, slot, 0), head_dim_);
         if (slot < policy_.sink_tokens) as_vector(sink_keys_[b][h][slot]) = as_vector(keys[h][l]);
       }
     length += n;
@@ -186,22 +200,25 @@ class KVCache {
   MhaWorkspace<T>& step_workspace() { return workspace_; }
 
   /// Sequence b's cached keys (after RoPE), (1, Hkv, lengths()[b], D): what attention reads.
-  TensorView<const T, 4> sequence_keys(Index b) const { return sequence(keys_, b); }
+  TensorView<const S, 4> sequence_keys(Index b) const { return sequence(keys_, b); }
   /// Sequence b's cached values, (1, Hkv, lengths()[b], D).
-  TensorView<const T, 4> sequence_values(Index b) const { return sequence(values_, b); }
+  TensorView<const S, 4> sequence_values(Index b) const { return sequence(values_, b); }
 
  private:
   // With a window, a sequence holds at most S + W tokens between appends and one more during a step.
   Index window_slots() const { return policy_.sink_tokens + policy_.window + 1; }
 
   void allocate(Index capacity) {
-    keys_ = Tensor<T, 4>({batch_, kv_heads_, capacity, head_dim_});
-    values_ = Tensor<T, 4>({batch_, kv_heads_, capacity, head_dim_});
-    if (policy_.sink_tokens > 0) sink_keys_ = Tensor<T, 4>({batch_, kv_heads_, policy_.sink_tokens, head_dim_});
+    keys_ = Tensor<S, 4>({batch_, kv_heads_, capacity, head_dim_});
+    values_ = Tensor<S, 4>({batch_, kv_heads_, capacity, head_dim_});
+    if (policy_.sink_tokens > 0) {
+      sink_keys_ = Tensor<T, 4>({batch_, kv_heads_, policy_.sink_tokens, head_dim_});
+      rotated_sink_.resize(static_cast<std::size_t>(head_dim_));
+    }
   }
 
-  TensorView<const T, 4> sequence(const Tensor<T, 4>& plane, Index b) const {
-    return TensorView<const T, 4>(plane.data() + b * plane.view().stride(0),
+  TensorView<const S, 4> sequence(const Tensor<S, 4>& plane, Index b) const {
+    return TensorView<const S, 4>(plane.data() + b * plane.view().stride(0),
                                   {1, kv_heads_, lengths_[static_cast<std::size_t>(b)], head_dim_},
                                   plane.view().strides());
   }
@@ -217,25 +234,28 @@ class KVCache {
     if (length <= sinks + window) return;
     const Index dropped = length - (sinks + window);
     for (Index h = 0; h < kv_heads_; ++h)
-      for (Tensor<T, 4>* plane : {&keys_, &values_}) {
-        T* base = plane->data() + (b * kv_heads_ + h) * plane->dim(2) * head_dim_;
+      for (Tensor<S, 4>* plane : {&keys_, &values_}) {
+        S* base = plane->data() + (b * kv_heads_ + h) * plane->dim(2) * head_dim_;
         std::memmove(base + sinks * head_dim_, base + (sinks + dropped) * head_dim_,
-                     static_cast<std::size_t>(window * head_dim_) * sizeof(T));
+                     static_cast<std::size_t>(window * head_dim_) * sizeof(S));
       }
     length = sinks + window;
     if (!rope || sinks == 0) return;
     const Index evicted = seen_[static_cast<std::size_t>(b)] - length;
+    // Rotated in T from the first rotation, then stored as S (one rounding, as for every appended key).
     for (Index h = 0; h < kv_heads_; ++h)
       for (Index s = 0; s < sinks; ++s) {
-        as_vector(keys_[b][h][s]) = as_vector(sink_keys_[b][h][s]);
-        rope->apply(TensorView<T, 4>(&keys_(b, h, s, 0), {1, 1, 1, head_dim_}), evicted);
+        std::copy(&sink_keys_(b, h, s, 0), &sink_keys_(b, h, s, 0) + head_dim_, rotated_sink_.data());
+        rope->apply(TensorView<T, 4>(rotated_sink_.data(), {1, 1, 1, head_dim_}), evicted);
+        detail::convert_row(rotated_sink_.data(), &keys_(b, h, s, 0), head_dim_);
       }
   }
 
   CachePolicy policy_;
   Index batch_, kv_heads_, head_dim_;
-  Tensor<T, 4> keys_, values_;
-  Tensor<T, 4> sink_keys_;  // the sinks' keys as first rotated (at their own positions), see evict()
+  Tensor<S, 4> keys_, values_;
+  Tensor<T, 4> sink_keys_;  // the sinks' keys as first rotated (at their own positions), in T, see evict()
+  std::vector<T> rotated_sink_;  // one sink key re-rotated in T before it is stored (evict)
   std::vector<Index> lengths_, seen_;
   MhaWorkspace<T> workspace_;  // step_into's buffers
 };

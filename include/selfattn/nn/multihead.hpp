@@ -266,9 +266,13 @@ class MultiHeadAttention {
   /// Shapes: the cache holds keys and values of (batch, Hkv, capacity, Dh).
   /// \code
   /// auto cache = mha.make_cache(1, CachePolicy::sliding_window(256));   // KVCache<float>
+  /// auto half = mha.make_cache<bfloat16>(1);   // KVCache<float, bfloat16>: keys and values in 16 bits
   /// \endcode
-  KVCache<T> make_cache(Index batch, const CachePolicy& policy = {}) const {
-    return KVCache<T>(batch, config_.num_kv_heads, head_dim_, policy);
+  /// `S` is the storage type of keys and values: T (default), or bfloat16 / float16 for a float module (half the
+  /// memory; each decode step reads half the bytes; see docs/half_precision.md for what is rounded where).
+  template <typename S = T>
+  KVCache<T, S> make_cache(Index batch, const CachePolicy& policy = {}) const {
+    return KVCache<T, S>(batch, config_.num_kv_heads, head_dim_, policy);
   }
 
   /// \brief Incremental self-attention: appends the keys and values of x_new (B, Lnew, E) to the cache
@@ -289,8 +293,8 @@ class MultiHeadAttention {
   /// Tensor<float, 3> y = mha.step(prompt, cache);   // prefill: prompt (1, L, E) -> (1, L, E)
   /// y = mha.step(next_token, cache);                // (1, 1, E): attends over the L + 1 cached tokens
   /// \endcode
-  template <typename X>
-  Tensor<T, 3> step(const X& x_new, KVCache<T>& cache, const AttentionOptions<T>& opts = {},
+  template <typename X, typename S>
+  Tensor<T, 3> step(const X& x_new, KVCache<T, S>& cache, const AttentionOptions<T>& opts = {},
                     const std::vector<Index>& new_tokens = {}) const {
     if constexpr (detail::check_module_arguments<T, X>())
       return step_views(params_, detail::const_view(x_new), cache, opts, new_tokens);
@@ -316,8 +320,8 @@ class MultiHeadAttention {
   ///   token = next_embedding(y);        // the caller's, e.g. into the same buffer
   /// }
   /// \endcode
-  template <typename X>
-  void step_into(const X& x_new, KVCache<T>& cache, const TensorView<T, 3>& output,
+  template <typename X, typename S>
+  void step_into(const X& x_new, KVCache<T, S>& cache, const TensorView<T, 3>& output,
                  const AttentionOptions<T>& opts = {}, const std::vector<Index>& new_tokens = {}) const {
     if constexpr (detail::check_module_arguments<T, X>())
       step_into_views(params_, detail::const_view(x_new), cache, output, opts, new_tokens);
@@ -402,8 +406,8 @@ class MultiHeadAttention {
   }
 
   /// step(x_new, cache, opts, new_tokens) with `parameters` in place of params().
-  template <typename X>
-  Tensor<T, 3> step_with(const MhaParams<T>& parameters, const X& x_new, KVCache<T>& cache,
+  template <typename X, typename S>
+  Tensor<T, 3> step_with(const MhaParams<T>& parameters, const X& x_new, KVCache<T, S>& cache,
                          const AttentionOptions<T>& opts = {}, const std::vector<Index>& new_tokens = {}) const {
     if constexpr (detail::check_module_arguments<T, X>())
       return step_views(parameters, detail::const_view(x_new), cache, opts, new_tokens);
@@ -710,7 +714,8 @@ class MultiHeadAttention {
 
   /// Checks every argument of step before any work; returns the real new rows of each sequence.
   /// Fills `counts` (within its capacity) with the real new rows of each sequence.
-  void validate_step(const MhaParams<T>& parameters, const char* function, const TensorView<const T, 3>& x, const KVCache<T>& cache,
+  template <typename S>
+  void validate_step(const MhaParams<T>& parameters, const char* function, const TensorView<const T, 3>& x, const KVCache<T, S>& cache,
                      const AttentionOptions<T>& opts, const std::vector<Index>& new_tokens,
                      std::vector<Index>& counts) const {
     if (config_.kdim != config_.embed_dim || config_.vdim != config_.embed_dim)
@@ -754,7 +759,8 @@ class MultiHeadAttention {
   /// The data walk of step, into `output` with every buffer in `ws`: project -> rotate at each sequence's next
   /// positions -> append to the cache -> attend over the cache's views (the public sdpa path) straight into the
   /// merged heads -> output projection. step allocates ws and output for the call; step_into passes the cache's.
-  void step_core(const MhaParams<T>& parameters, const char* function, const TensorView<const T, 3>& x, KVCache<T>& cache,
+  template <typename S>
+  void step_core(const MhaParams<T>& parameters, const char* function, const TensorView<const T, 3>& x, KVCache<T, S>& cache,
                  const AttentionOptions<T>& opts, const std::vector<Index>& new_tokens, const TensorView<T, 3>& output,
                  MhaWorkspace<T>& ws) const {
     validate_step(parameters, function, x, cache, opts, new_tokens, ws.counts);
@@ -812,7 +818,8 @@ class MultiHeadAttention {
     detail::linear_into<T>(merged, parameters.out_weight.view(), parameters.out_bias.view(), output);
   }
 
-  Tensor<T, 3> step_views(const MhaParams<T>& parameters, const TensorView<const T, 3>& x, KVCache<T>& cache, const AttentionOptions<T>& opts,
+  template <typename S>
+  Tensor<T, 3> step_views(const MhaParams<T>& parameters, const TensorView<const T, 3>& x, KVCache<T, S>& cache, const AttentionOptions<T>& opts,
                           const std::vector<Index>& new_tokens) const {
     MhaWorkspace<T> ws;
     Tensor<T, 3> output;
@@ -825,7 +832,8 @@ class MultiHeadAttention {
 
   static constexpr const char* step_into_name = "MultiHeadAttention::step_into";
 
-  void step_into_views(const MhaParams<T>& parameters, const TensorView<const T, 3>& x, KVCache<T>& cache, const TensorView<T, 3>& output,
+  template <typename S>
+  void step_into_views(const MhaParams<T>& parameters, const TensorView<const T, 3>& x, KVCache<T, S>& cache, const TensorView<T, 3>& output,
                        const AttentionOptions<T>& opts, const std::vector<Index>& new_tokens) const {
     detail::check_shape<3>(step_into_name, "x_new", x.shape(), {cache.batch(), detail::any_extent, config_.embed_dim});
     detail::check_shape<3>(step_into_name, "output", output.shape(), {x.dim(0), x.dim(1), config_.embed_dim});

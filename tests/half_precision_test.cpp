@@ -1,0 +1,400 @@
+// Half-width storage (selfattn/half_precision.hpp and the 16-bit paths of attention.hpp, the decode kernel and the
+// KV cache), for bfloat16 and float16:
+//   - conversions: round to nearest even (ties, overflow, NaN), exact widening, the SIMD widening of the decode
+//     kernels lane for lane against the scalar one;
+//   - the 16-bit paths compute what the float kernels compute on the widened inputs, bitwise: every decode path
+//     with keys and values read in place, the fused and reference kernels through the public entries;
+//   - accuracy, FlashAttention's rule: against the float64 reference on the same 16-bit inputs, the error of the
+//     16-bit result is at most twice that of a float reference computing from the same inputs and storing its
+//     result in 16 bits; over the sweep's shapes (GQA, MQA, Lq != Lk) and every mask kind, forward (out, lse,
+//     weights) and backward (dq, dk, dv, dbias), fully masked rows giving 0 and -inf;
+//   - the 16-bit KV cache: appended rows rounded once (bitwise the float cache's rows rounded), eviction with
+//     sinks, half the memory, and the module's steps over it;
+//   - errors name the argument before anything is written.
+// This file is compiled twice (tests/CMakeLists.txt): with the build's flags (the portable widening: SSE2 unpack
+// for bfloat16, lane by lane for float16 without F16C) and with -march=native (AVX2 / AVX-512 and F16C widening).
+#include <selfattn/selfattn.hpp>
+
+#include "support/compare.hpp"
+#include "support/expect_error.hpp"
+#include "support/random.hpp"
+#include "support/sweep.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace selfattn {
+namespace {
+
+using test::MaskKind;
+using test::Random;
+
+template <typename S>
+class HalfPrecisionTest : public ::testing::Test {};
+using HalfTypes = ::testing::Types<bfloat16, float16>;
+TYPED_TEST_SUITE(HalfPrecisionTest, HalfTypes, );
+
+template <typename S>
+std::uint16_t bits_of(S x) {
+  std::uint16_t raw;
+  std::memcpy(&raw, &x, sizeof raw);
+  return raw;
+}
+template <typename S>
+S from_bits(std::uint16_t raw) {
+  S x;
+  std::memcpy(static_cast<void*>(&x), &raw, sizeof raw);
+  return x;
+}
+float float_from_bits(std::uint32_t raw) {
+  float x;
+  std::memcpy(&x, &raw, sizeof raw);
+  return x;
+}
+
+// Every 16-bit pattern once, widened by tensor_cast, equals the exact value Eigen's scalar conversion gives (NaN
+// stays NaN), and narrows back to the same bits (NaN to a NaN).
+TYPED_TEST(HalfPrecisionTest, WideningIsExactAndNarrowingRoundTrips) {
+  using S = TypeParam;
+  Tensor<S, 1> all({65536});
+  for (Index i = 0; i < 65536; ++i) all.data()[i] = from_bits<S>(static_cast<std::uint16_t>(i));
+  const Tensor<float, 1> wide = tensor_cast<float>(all);
+  const Tensor<double, 1> wider = tensor_cast<double>(all);
+  const Tensor<S, 1> back = tensor_cast<S>(wide);
+  for (Index i = 0; i < 65536; ++i) {
+    const float expected = static_cast<float>(all.data()[i]);
+    if (std::isnan(expected)) {
+      EXPECT_TRUE(std::isnan(wide.data()[i]) && std::isnan(wider.data()[i])) << "pattern " << i;
+      EXPECT_TRUE(std::isnan(static_cast<float>(back.data()[i]))) << "pattern " << i;
+      continue;
+    }
+    ASSERT_EQ(wide.data()[i], expected) << "pattern " << i;
+    ASSERT_EQ(wider.data()[i], static_cast<double>(expected)) << "pattern " << i;
+    ASSERT_EQ(bits_of(back.data()[i]), static_cast<std::uint16_t>(i)) << "pattern " << i;
+  }
+}
+
+// Round to nearest, ties to even, overflow to infinity, built from bit patterns.
+TEST(HalfPrecisionRounding, BFloat16TiesGoToEven) {
+  Tensor<float, 1> x({6});
+  x(0) = float_from_bits(0x3F808000u);  // 1 + 2^-8: halfway between 1 and 1 + 2^-7 -> 1 (even)
+  x(1) = float_from_bits(0x3F818000u);  // 1 + 3 * 2^-8: halfway between 1 + 2^-7 and 1 + 2^-6 -> 1 + 2^-6 (even)
+  x(2) = float_from_bits(0x3F808001u);  // just above the first tie -> up
+  x(3) = std::numeric_limits<float>::max();  // rounds past the largest bfloat16 -> inf
+  x(4) = std::numeric_limits<float>::quiet_NaN();
+  x(5) = float_from_bits(0x00000001u);  // the smallest float subnormal -> +0
+  const Tensor<bfloat16, 1> y = tensor_cast<bfloat16>(x);
+  EXPECT_EQ(bits_of(y(0)), 0x3F80);
+  EXPECT_EQ(bits_of(y(1)), 0x3F82);
+  EXPECT_EQ(bits_of(y(2)), 0x3F81);
+  EXPECT_EQ(bits_of(y(3)), 0x7F80);
+  EXPECT_TRUE(std::isnan(static_cast<float>(y(4))));
+  EXPECT_EQ(bits_of(y(5)), 0x0000);
+}
+
+TEST(HalfPrecisionRounding, Float16TiesGoToEvenAndOverflowsToInfinity) {
+  Tensor<double, 1> x({6});
+  x(0) = 1.0 + std::ldexp(1.0, -11);      // halfway between 1 and 1 + 2^-10 -> 1 (even)
+  x(1) = 1.0 + 3 * std::ldexp(1.0, -11);  // -> 1 + 2^-9 (even)
+  x(2) = 65519.0;                         // below the halfway point to 65536: the largest finite, 65504
+  x(3) = 65520.0;                         // the tie between 65504 and 65536 (not representable) -> inf
+  x(4) = -std::ldexp(1.0, -25);           // half the smallest subnormal: a tie -> -0 (even)
+  x(5) = 1.0 + std::ldexp(1.0, -11) + std::ldexp(1.0, -40);  // just above the tie: up, rounded once (through a
+                                                              // float first it would be a tie, then 1)
+  const Tensor<float16, 1> y = tensor_cast<float16>(x);
+  EXPECT_EQ(bits_of(y(0)), 0x3C00);
+  EXPECT_EQ(bits_of(y(1)), 0x3C02);
+  EXPECT_EQ(bits_of(y(2)), 0x7BFF);
+  EXPECT_EQ(bits_of(y(3)), 0x7C00);
+  EXPECT_EQ(bits_of(y(4)), 0x8000);
+  EXPECT_EQ(bits_of(y(5)), 0x3C01);
+}
+
+// The packet widening of the decode kernels (detail/widen.hpp: SIMD where the target has it) against the scalar
+// widening, lane for lane, over every 16-bit pattern.
+TYPED_TEST(HalfPrecisionTest, PacketWideningMatchesScalarWidening) {
+  using S = TypeParam;
+  constexpr Index ps = detail::micro::packet_size<float>;
+  std::vector<S> all(65536 + ps);
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = from_bits<S>(static_cast<std::uint16_t>(i));
+  alignas(64) float lanes[ps];
+  for (Index i = 0; i < 65536; i += ps) {
+    Eigen::internal::pstore(lanes, detail::micro::load_widened<float>(all.data() + i));
+    for (Index l = 0; l < ps; ++l) {
+      const float expected = detail::widen<float>(all[static_cast<std::size_t>(i + l)]);
+      if (std::isnan(expected)) {
+        ASSERT_TRUE(std::isnan(lanes[l])) << "pattern " << i + l;
+      } else {
+        ASSERT_EQ(lanes[l], expected) << "pattern " << i + l;
+      }
+    }
+  }
+}
+
+// A random attention call of a sweep shape and mask kind, in three precisions: the 16-bit inputs, the same values
+// widened to float, and to double.
+template <typename S>
+struct HalfCall {
+  test::Shape shape;
+  Tensor<S, 4> q, k, v, dout;
+  test::MaskedOptions<float> masks;  // the options of the 16-bit and float calls (bias in float)
+  AttentionOptions<double> opts64;   // the same masks for the double reference
+  Tensor<double, 4> bias64;
+
+  HalfCall(const test::Shape& s, MaskKind kind, Random& random) : shape(s) {
+    q = tensor_cast<S>(random.normal_tensor<float, 4>({s.batch, s.heads, s.q_len, s.head_dim}));
+    k = tensor_cast<S>(random.normal_tensor<float, 4>({s.batch, s.kv_heads, s.k_len, s.head_dim}));
+    v = tensor_cast<S>(random.normal_tensor<float, 4>({s.batch, s.kv_heads, s.k_len, s.value_dim}));
+    dout = tensor_cast<S>(random.normal_tensor<float, 4>({s.batch, s.heads, s.q_len, s.value_dim}));
+    test::make_options(kind, s, random, masks);
+    masks.opts.need_weights = false;
+    const AttentionOptions<float>& o = masks.opts;
+    opts64.causal = o.causal;
+    opts64.key_lengths = o.key_lengths;
+    opts64.allowed = o.allowed;
+    if (o.bias.data()) {
+      bias64 = tensor_cast<double>(masks.bias);
+      opts64.bias = bias64;
+    }
+    opts64.window_left = o.window_left;
+    opts64.window_right = o.window_right;
+    for (float slope : o.alibi_slopes) opts64.alibi_slopes.push_back(slope);
+    if (o.scale) opts64.scale = static_cast<double>(*o.scale);
+  }
+};
+
+// FlashAttention's rule on one result: |ours - truth| <= 2 |baseline - truth| (worst elements), with a floor of one
+// float rounding of the largest |truth| so that an exact baseline (a row of one key) does not demand exactness.
+template <typename A, typename B, typename E>
+::testing::AssertionResult within_twice_baseline(const A& ours, const B& baseline, const E& truth) {
+  const Tensor<double, 4> ours64 = tensor_cast<double>(ours), baseline64 = tensor_cast<double>(baseline);
+  const Tensor<double, 4> truth64 = tensor_cast<double>(truth);
+  if (test::has_nan(ours64)) return ::testing::AssertionFailure() << "NaN in the result";
+  double scale = 0.0;
+  for (Index n = 0; n < truth64.size(); ++n) scale = std::max(scale, std::abs(truth64.data()[n]));
+  const double error = test::max_abs_difference(ours64, truth64);
+  const double baseline_error = test::max_abs_difference(baseline64, truth64);
+  const double bound = 2.0 * baseline_error + scale * std::numeric_limits<float>::epsilon();
+  if (error <= bound)
+    return ::testing::AssertionSuccess() << "error " << error << ", baseline " << baseline_error;
+  return ::testing::AssertionFailure() << "error " << error << " > 2 x baseline error " << baseline_error
+                                       << " (+ floor " << scale * std::numeric_limits<float>::epsilon() << ")";
+}
+
+// Forward, over the sweep's shapes and every mask kind, on the automatic kernel (fused, or decode for few query
+// rows) and forced onto each of reference, fused and decode: out within twice the baseline's error, lse and the
+// weights (float) within float tolerance of the double reference, fully masked rows exactly 0 with lse -inf.
+TYPED_TEST(HalfPrecisionTest, ForwardFollowsTheFlashAttentionRuleOnEveryMaskKind) {
+  using S = TypeParam;
+  Random random(1613);
+  int checked = 0;
+  for (const test::Shape& shape : test::sweep_shapes)
+    for (MaskKind kind : test::mask_kinds) {
+      const HalfCall<S> call(shape, kind, random);
+      AttentionOptions<double> reference64 = call.opts64;
+      reference64.kernel = Kernel::reference;
+      reference64.need_weights = true;
+      const auto truth = sdpa_forward(tensor_cast<double>(call.q), tensor_cast<double>(call.k),
+                                      tensor_cast<double>(call.v), reference64);
+      AttentionOptions<float> reference32 = call.masks.opts;
+      reference32.kernel = Kernel::reference;
+      const Tensor<S, 4> baseline = tensor_cast<S>(
+          sdpa_forward(tensor_cast<float>(call.q), tensor_cast<float>(call.k), tensor_cast<float>(call.v), reference32)
+              .out);
+      for (Kernel kernel : {Kernel::automatic, Kernel::reference, Kernel::fused, Kernel::decode}) {
+        if (kernel == Kernel::decode && shape.q_len > detail::decode_max_query_rows) continue;
+        AttentionOptions<float> opts = call.masks.opts;
+        opts.kernel = kernel;
+        opts.need_weights = kernel == Kernel::reference;
+        const AttentionForward<S> result = sdpa_forward(call.q, call.k, call.v, opts);
+        const std::string where = "shape " + detail::shape_string<4>(call.q.shape()) + " k " +
+                                  detail::shape_string<4>(call.k.shape()) + " mask kind " +
+                                  std::to_string(static_cast<int>(kind)) + " kernel " +
+                                  std::to_string(static_cast<int>(kernel));
+        EXPECT_TRUE(within_twice_baseline(result.out, baseline, truth.out)) << where;
+        EXPECT_TRUE(test::all_close(result.lse, truth.lse, test::default_tolerance<float>())) << where;
+        if (opts.need_weights) {
+          EXPECT_TRUE(test::all_close(result.weights, truth.weights, test::default_tolerance<float>())) << where;
+        }
+        for (Index n = 0; n < truth.lse.size(); ++n)
+          if (std::isinf(truth.lse.data()[n])) {  // a row without keys: 0, never NaN
+            EXPECT_TRUE(std::isinf(result.lse.data()[n]) && result.lse.data()[n] < 0) << where;
+            const Index row = n * shape.value_dim;
+            for (Index e = 0; e < shape.value_dim; ++e)
+              EXPECT_EQ(static_cast<float>(result.out.data()[row + e]), 0.0f) << where;
+          }
+        ++checked;
+      }
+    }
+  EXPECT_GT(checked, 300);
+}
+
+// The 16-bit entries compute exactly what the float kernels compute on the widened inputs, then round out once:
+// bitwise, for the fused kernel (inputs widened once) and the decode kernel (keys and values read in place).
+TYPED_TEST(HalfPrecisionTest, PublicPathsEqualTheFloatKernelsOnWidenedInputs) {
+  using S = TypeParam;
+  Random random(77);
+  for (Kernel kernel : {Kernel::fused, Kernel::decode})
+    for (const test::Shape& shape : test::sweep_shapes) {
+      if (kernel == Kernel::decode && shape.q_len > detail::decode_max_query_rows) continue;
+      const HalfCall<S> call(shape, MaskKind::everything, random);
+      AttentionOptions<float> opts = call.masks.opts;
+      opts.kernel = kernel;
+      const AttentionForward<S> half = sdpa_forward(call.q, call.k, call.v, opts);
+      const AttentionForward<float> wide =
+          sdpa_forward(tensor_cast<float>(call.q), tensor_cast<float>(call.k), tensor_cast<float>(call.v), opts);
+      const Tensor<S, 4> rounded = tensor_cast<S>(wide.out);
+      for (Index n = 0; n < rounded.size(); ++n)
+        ASSERT_EQ(bits_of(half.out.data()[n]), bits_of(rounded.data()[n])) << "element " << n;
+      for (Index n = 0; n < wide.lse.size(); ++n)
+        ASSERT_EQ(half.lse.data()[n], wide.lse.data()[n]) << "lse " << n;
+    }
+}
+
+// Each decode path (general, grouped, streaming) on keys and values stored in 16 bits equals the same path on the
+// widened keys and values, bitwise: the kernels read the cache in place and widen it exactly. Key counts around
+// the 256-key chunks, group sizes 1..8, head dims that are and are not whole packets, strided cache views.
+TYPED_TEST(HalfPrecisionTest, DecodePathsReadSixteenBitKeysAndValuesInPlace) {
+  using S = TypeParam;
+  using detail::DecodePath;
+  Random random(4242);
+  for (DecodePath path : {DecodePath::general, DecodePath::grouped, DecodePath::streaming})
+    for (Index D : {1, 7, 64, 128})
+      for (Index group : {1, 3, 8})
+        for (Index Lk : {1, 255, 257, 600}) {
+          const Index B = 2, Hkv = 2, H = group * Hkv, Lq = group == 1 ? 2 : 1, capacity = Lk + 5;
+          const Tensor<float, 4> q = random.normal_tensor<float, 4>({B, H, Lq, D});
+          // A cache with spare rows: the views are strided along the sequence like KVCache::sequence_keys.
+          const Tensor<S, 4> k_plane = tensor_cast<S>(random.normal_tensor<float, 4>({B, Hkv, capacity, D}));
+          const Tensor<S, 4> v_plane = tensor_cast<S>(random.normal_tensor<float, 4>({B, Hkv, capacity, D}));
+          const TensorView<const S, 4> k(k_plane.data(), {B, Hkv, Lk, D}, k_plane.strides());
+          const TensorView<const S, 4> v(v_plane.data(), {B, Hkv, Lk, D}, v_plane.strides());
+          const Tensor<float, 4> k_wide = tensor_cast<float>(k), v_wide = tensor_cast<float>(v);
+          AttentionOptions<float> opts;
+          opts.causal = Causal::bottom_right;
+          if (path == DecodePath::general) opts.key_lengths = {Lk, std::max<Index>(1, Lk / 2)};
+          if (path == DecodePath::general) opts.dropout_p = 0.25f;
+          const auto half_params = detail::make_stored_params<float, S>(q, k, v, opts);
+          const auto wide_params = detail::make_params<float>(q, k_wide, v_wide, opts);
+          Tensor<float, 4> out_half({B, H, Lq, D}), out_wide({B, H, Lq, D});
+          Tensor<float, 3> lse_half({B, H, Lq}), lse_wide({B, H, Lq});
+          detail::decode_forward(half_params, detail::ForwardOutputs<float>{out_half.view(), lse_half.view(), {}}, path);
+          detail::decode_forward(wide_params, detail::ForwardOutputs<float>{out_wide.view(), lse_wide.view(), {}}, path);
+          const std::string where = "path " + std::to_string(static_cast<int>(path)) + " D " + std::to_string(D) +
+                                    " G " + std::to_string(group) + " Lk " + std::to_string(Lk);
+          ASSERT_EQ(std::memcmp(out_half.data(), out_wide.data(), sizeof(float) * out_half.size()), 0) << where;
+          ASSERT_EQ(std::memcmp(lse_half.data(), lse_wide.data(), sizeof(float) * lse_half.size()), 0) << where;
+        }
+}
+
+// Backward: dq, dk, dv in the inputs' type within twice the baseline's error (a float reference backward from the
+// same 16-bit inputs and the 16-bit forward's out, rounded to 16 bits), dbias in float within float tolerance.
+TYPED_TEST(HalfPrecisionTest, BackwardFollowsTheFlashAttentionRule) {
+  using S = TypeParam;
+  Random random(99);
+  for (const test::Shape& shape : test::sweep_shapes)
+    for (MaskKind kind : {MaskKind::none, MaskKind::causal_top_left, MaskKind::key_lengths, MaskKind::bias_full,
+                          MaskKind::alibi, MaskKind::everything}) {
+      const HalfCall<S> call(shape, kind, random);
+      const Tensor<double, 4> q64 = tensor_cast<double>(call.q), k64 = tensor_cast<double>(call.k);
+      const Tensor<double, 4> v64 = tensor_cast<double>(call.v), dout64 = tensor_cast<double>(call.dout);
+      const auto forward64 = sdpa_forward(q64, k64, v64, call.opts64);
+      const auto truth = sdpa_backward(q64, k64, v64, forward64.out, forward64.lse, dout64, call.opts64);
+
+      const AttentionOptions<float>& opts = call.masks.opts;
+      const AttentionForward<S> forward = sdpa_forward(call.q, call.k, call.v, opts);
+      const AttentionGradients<S> ours = sdpa_backward(call.q, call.k, call.v, forward.out, forward.lse, call.dout, opts);
+
+      AttentionOptions<float> reference32 = opts;
+      reference32.kernel = Kernel::reference;
+      const Tensor<float, 4> q32 = tensor_cast<float>(call.q), k32 = tensor_cast<float>(call.k);
+      const Tensor<float, 4> v32 = tensor_cast<float>(call.v), dout32 = tensor_cast<float>(call.dout);
+      const auto forward32 = sdpa_forward(q32, k32, v32, reference32);
+      const Tensor<float, 4> out32 = tensor_cast<float>(tensor_cast<S>(forward32.out));  // stored in 16 bits
+      const auto baseline = sdpa_backward(q32, k32, v32, out32, forward32.lse, dout32, reference32);
+
+      const std::string where = "shape " + detail::shape_string<4>(call.q.shape()) + " k " +
+                                detail::shape_string<4>(call.k.shape()) + " mask kind " +
+                                std::to_string(static_cast<int>(kind));
+      EXPECT_TRUE(within_twice_baseline(ours.dq, tensor_cast<S>(baseline.dq), truth.dq)) << where << " dq";
+      EXPECT_TRUE(within_twice_baseline(ours.dk, tensor_cast<S>(baseline.dk), truth.dk)) << where << " dk";
+      EXPECT_TRUE(within_twice_baseline(ours.dv, tensor_cast<S>(baseline.dv), truth.dv)) << where << " dv";
+      if (opts.bias.data()) {
+        EXPECT_TRUE(within_twice_baseline(ours.dbias, baseline.dbias, truth.dbias)) << where << " dbias";
+      }
+    }
+}
+
+// A 16-bit KV cache holds exactly the float cache's rows rounded once (also after evicting with re-rotated sinks),
+// in half the bytes, and the module's steps over it stay within 16-bit rounding of the float cache's.
+TYPED_TEST(HalfPrecisionTest, CacheStoresRoundedRowsInHalfTheMemory) {
+  using S = TypeParam;
+  for (const CachePolicy& policy : {CachePolicy::keep_all(), CachePolicy::attention_sinks(2, 5)}) {
+    MultiHeadAttentionConfig cfg;
+    cfg.embed_dim = 32;
+    cfg.num_heads = 4;
+    cfg.num_kv_heads = 2;
+    cfg.rope_dim = 8;
+    const MultiHeadAttention<float> mha(cfg, 5);
+    KVCache<float> wide = mha.make_cache(2, policy);
+    KVCache<float, S> half = mha.make_cache<S>(2, policy);
+    Random random(3);
+    const Tensor<float, 3> prompt = random.normal_tensor<float, 3>({2, 4, 32});
+    Tensor<float, 3> y_wide = mha.step(prompt, wide), y_half = mha.step(prompt, half);
+    for (int t = 0; t < 6; ++t) {
+      const Tensor<float, 3> token = random.normal_tensor<float, 3>({2, 1, 32});
+      y_wide = mha.step(token, wide);
+      Tensor<float, 3> out({2, 1, 32});
+      mha.step_into(token, half, out.view());
+      y_half = out;
+      EXPECT_TRUE(test::all_close(y_half, y_wide, 3.0 * std::ldexp(1.0, std::is_same_v<S, bfloat16> ? -8 : -11)))
+          << "step " << t;
+    }
+    ASSERT_EQ(half.lengths(), wide.lengths());
+    for (Index b = 0; b < 2; ++b) {
+      const Tensor<S, 4> keys = tensor_cast<S>(wide.sequence_keys(b)), values = tensor_cast<S>(wide.sequence_values(b));
+      const Tensor<S, 4> stored_keys(half.sequence_keys(b)), stored_values(half.sequence_values(b));
+      for (Index n = 0; n < keys.size(); ++n) {
+        ASSERT_EQ(bits_of(stored_keys.data()[n]), bits_of(keys.data()[n])) << "key element " << n;
+        ASSERT_EQ(bits_of(stored_values.data()[n]), bits_of(values.data()[n])) << "value element " << n;
+      }
+    }
+    EXPECT_EQ(wide.capacity(), half.capacity());
+    const std::size_t sinks = sizeof(float) * static_cast<std::size_t>(2 * 2 * policy.sink_tokens * 8);
+    EXPECT_EQ(2 * (half.memory_bytes() - sinks), wide.memory_bytes() - sinks);
+  }
+}
+
+// Bad 16-bit calls throw naming the argument, before anything is written.
+TYPED_TEST(HalfPrecisionTest, ErrorsNameTheArgument) {
+  using S = TypeParam;
+  const Tensor<S, 4> q({1, 4, 3, 8}), k({1, 3, 5, 8}), v({1, 2, 5, 8}), k_good({1, 2, 5, 8});
+  test::expect_error<ShapeError>([&] { sdpa_forward(q, k, v); }, {"sdpa_forward", "k", "divide"});
+  test::expect_error<ShapeError>([&] { sdpa_forward(q, k_good, tensor_cast<S>(Tensor<float, 4>({1, 2, 4, 8}))); },
+                                 {"sdpa_forward", "v"});
+  Tensor<S, 4> out({1, 4, 3, 8});
+  out.fill(S(7.0f));
+  Tensor<float, 3> lse({1, 4, 2});
+  test::expect_error<ShapeError>([&] { sdpa_forward_into(q, k_good, v, out.view(), lse.view()); },
+                                 {"sdpa_forward_into", "lse"});
+  for (Index n = 0; n < out.size(); ++n) ASSERT_EQ(static_cast<float>(out.data()[n]), 7.0f);
+  AttentionOptions<float> opts;
+  opts.key_lengths = {9};
+  test::expect_error<std::invalid_argument>([&] { sdpa_forward(q, k_good, v, opts); }, {"opts.key_lengths[0]"});
+  MultiHeadAttentionConfig cfg;
+  cfg.embed_dim = 16;
+  cfg.num_heads = 2;
+  const MultiHeadAttention<float> mha(cfg);
+  KVCache<float, S> cache = mha.make_cache<S>(1);
+  test::expect_error<ShapeError>([&] { mha.step(Tensor<float, 3>({1, 1, 8}), cache); }, {"x_new"});
+  EXPECT_EQ(cache.length(), 0);
+}
+
+}  // namespace
+}  // namespace selfattn
