@@ -371,6 +371,37 @@ TYPED_TEST(HalfPrecisionTest, CacheStoresRoundedRowsInHalfTheMemory) {
   }
 }
 
+// A stack of layers decodes over 16-bit caches (one per layer): within 16-bit rounding of the float caches'
+// outputs, every layer's cache in half the bytes, and argument errors leave every cache as it was.
+TYPED_TEST(HalfPrecisionTest, StackDecodesOverSixteenBitCaches) {
+  using S = TypeParam;
+  TransformerStackConfig cfg;
+  cfg.layer.attention.embed_dim = 16;
+  cfg.layer.attention.num_heads = 4;
+  cfg.layer.attention.num_kv_heads = 2;
+  cfg.layer.attention.rope_dim = 4;
+  cfg.layer.ffn_dim = 32;
+  cfg.layer.norm_first = true;
+  cfg.layer.causal = true;
+  cfg.num_layers = 3;
+  cfg.final_norm = true;
+  const TransformerStack<float> stack(cfg, 8);
+  TransformerStackCache<float> wide = stack.make_cache(1);
+  TransformerStackCache<float, S> half = stack.make_cache<S>(1);
+  Random random(12);
+  const double tolerance = 8.0 * std::ldexp(1.0, std::is_same_v<S, bfloat16> ? -8 : -11);
+  const Tensor<float, 3> prompt = random.normal_tensor<float, 3>({1, 5, 16});
+  EXPECT_TRUE(test::all_close(stack.step(prompt, half), stack.step(prompt, wide), tolerance));
+  for (int t = 0; t < 4; ++t) {
+    const Tensor<float, 3> token = random.normal_tensor<float, 3>({1, 1, 16});
+    EXPECT_TRUE(test::all_close(stack.step(token, half), stack.step(token, wide), tolerance)) << "step " << t;
+  }
+  EXPECT_EQ(half.length(), 9);
+  EXPECT_EQ(2 * half.memory_bytes(), wide.memory_bytes());
+  test::expect_error<ShapeError>([&] { stack.step(Tensor<float, 3>({1, 1, 8}), half); }, {"x_new"});
+  EXPECT_EQ(half.length(), 9);
+}
+
 // Bad 16-bit calls throw naming the argument, before anything is written.
 TYPED_TEST(HalfPrecisionTest, ErrorsNameTheArgument) {
   using S = TypeParam;

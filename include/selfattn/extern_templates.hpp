@@ -114,6 +114,9 @@
   KEYWORD class detail::Normalization<T>;                                                                          \
   KEYWORD class FeedForward<T>;                                                                                    \
   KEYWORD class TransformerLayer<T>;                                                                               \
+  KEYWORD Tensor<T, 3> TransformerLayer<T>::run_step<T>(const TransformerLayerParams<T>&, const TensorView<const T, 3>&, \
+                                                        KVCache<T, T>&, const AttentionOptions<T>&,                 \
+                                                        const std::vector<Index>&) const;                          \
   KEYWORD class TransformerStack<T>
 
 namespace selfattn {

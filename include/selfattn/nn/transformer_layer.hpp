@@ -208,15 +208,19 @@ class TransformerLayer {
     return backward_with(params_, dout, f);
   }
 
-  /// \brief A key/value cache for incremental decoding of `batch` sequences with this layer (see step).
-  KVCache<T> make_cache(Index batch, const CachePolicy& policy = {}) const { return attention_.make_cache(batch, policy); }
+  /// \brief A key/value cache for incremental decoding of `batch` sequences with this layer (see step); `S` the
+  /// storage type of its keys and values (T, or bfloat16 / float16: MultiHeadAttention::make_cache).
+  template <typename S = T>
+  KVCache<T, S> make_cache(Index batch, const CachePolicy& policy = {}) const {
+    return attention_.template make_cache<S>(batch, policy);
+  }
 
   /// \brief Incremental decoding: the layer on the new tokens x_new (B, Lnew, E), their keys and values appended to
   /// the cache, attending causally over everything cached (MultiHeadAttention::step). Feeding a sequence in pieces
   /// gives the rows of one forward with Causal::top_left; no dropout. If step throws on its arguments, the cache is
   /// unchanged.
-  template <typename X>
-  Tensor<T, 3> step(const X& x_new, KVCache<T>& cache, const AttentionOptions<T>& opts = {},
+  template <typename X, typename S>
+  Tensor<T, 3> step(const X& x_new, KVCache<T, S>& cache, const AttentionOptions<T>& opts = {},
                     const std::vector<Index>& new_tokens = {}) const {
     return step_with(params_, x_new, cache, opts, new_tokens);
   }
@@ -258,8 +262,8 @@ class TransformerLayer {
   }
 
   /// step(x_new, cache, opts, new_tokens) with `parameters` in place of params().
-  template <typename X>
-  Tensor<T, 3> step_with(const TransformerLayerParams<T>& parameters, const X& x_new, KVCache<T>& cache,
+  template <typename X, typename S>
+  Tensor<T, 3> step_with(const TransformerLayerParams<T>& parameters, const X& x_new, KVCache<T, S>& cache,
                          const AttentionOptions<T>& opts = {}, const std::vector<Index>& new_tokens = {}) const {
     Tensor<T, 3> y;
     if constexpr (detail::check_layer_arguments<T, X>()) {
@@ -431,7 +435,8 @@ class TransformerLayer {
   }
 
   /// The forward's walk for new tokens, the attention through the cache; nothing saved, no dropout.
-  Tensor<T, 3> run_step(const TransformerLayerParams<T>& p, const TensorView<const T, 3>& x, KVCache<T>& cache,
+  template <typename S>
+  Tensor<T, 3> run_step(const TransformerLayerParams<T>& p, const TensorView<const T, 3>& x, KVCache<T, S>& cache,
                         const AttentionOptions<T>& opts, const std::vector<Index>& new_tokens) const {
     detail::NormStatistics<T> stats;
     detail::FeedForwardSaved<T> ffn_saved;

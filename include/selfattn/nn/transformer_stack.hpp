@@ -59,26 +59,27 @@ struct TransformerStackGradients {
   TransformerStackParams<T> params;  ///< gradients, same names and shapes as params()
 };
 
-/// \brief The key/value caches of a stack, one per layer (TransformerStack::make_cache).
-template <typename T>
+/// \brief The key/value caches of a stack, one per layer (TransformerStack::make_cache); S the storage type of
+/// their keys and values (T, or bfloat16 / float16 with T = float).
+template <typename T, typename S = T>
 struct TransformerStackCache {
-  std::vector<KVCache<T>> layers;  ///< layer i's cache
+  std::vector<KVCache<T, S>> layers;  ///< layer i's cache
 
   /// Tokens cached so far (the longest sequence), the same in every layer.
   Index length() const { return layers.empty() ? 0 : layers.front().length(); }
   /// Bytes held by the keys and values of every layer.
   std::size_t memory_bytes() const {
     std::size_t bytes = 0;
-    for (const KVCache<T>& c : layers) bytes += c.memory_bytes();
+    for (const KVCache<T, S>& c : layers) bytes += c.memory_bytes();
     return bytes;
   }
   /// Room for `tokens` tokens per sequence in every layer (see KVCache::reserve).
   void reserve(Index tokens) {
-    for (KVCache<T>& c : layers) c.reserve(tokens);
+    for (KVCache<T, S>& c : layers) c.reserve(tokens);
   }
   /// Forgets every token of every layer.
   void clear() {
-    for (KVCache<T>& c : layers) c.clear();
+    for (KVCache<T, S>& c : layers) c.clear();
   }
 };
 
@@ -184,10 +185,12 @@ class TransformerStack {
     return g;
   }
 
-  /// \brief Caches for incremental decoding of `batch` sequences, one per layer, each with `policy`.
-  TransformerStackCache<T> make_cache(Index batch, const CachePolicy& policy = {}) const {
-    TransformerStackCache<T> cache;
-    for (Index i = 0; i < config_.num_layers; ++i) cache.layers.push_back(layer_.make_cache(batch, policy));
+  /// \brief Caches for incremental decoding of `batch` sequences, one per layer, each with `policy`; `S` the
+  /// storage type of keys and values (`model.make_cache<bfloat16>(1)`: half the memory, docs/half_precision.md).
+  template <typename S = T>
+  TransformerStackCache<T, S> make_cache(Index batch, const CachePolicy& policy = {}) const {
+    TransformerStackCache<T, S> cache;
+    for (Index i = 0; i < config_.num_layers; ++i) cache.layers.push_back(layer_.template make_cache<S>(batch, policy));
     return cache;
   }
 
@@ -195,8 +198,8 @@ class TransformerStack {
   /// values appended to its cache (TransformerLayer::step). Feeding a sequence in pieces gives the rows of one
   /// forward with Causal::top_left. If step throws on its arguments the caches are unchanged; a keep-all cache is
   /// also rolled back when a later layer runs out of memory.
-  template <typename X>
-  Tensor<T, 3> step(const X& x_new, TransformerStackCache<T>& cache, const AttentionOptions<T>& opts = {},
+  template <typename X, typename S>
+  Tensor<T, 3> step(const X& x_new, TransformerStackCache<T, S>& cache, const AttentionOptions<T>& opts = {},
                     const std::vector<Index>& new_tokens = {}) const {
     Tensor<T, 3> y;
     if constexpr (detail::check_layer_arguments<T, X>()) {
@@ -204,7 +207,7 @@ class TransformerStack {
       check_params(step_name);
       check_cache(x, cache);
       std::vector<std::vector<Index>> lengths_before;
-      for (const KVCache<T>& c : cache.layers) lengths_before.push_back(c.lengths());
+      for (const KVCache<T, S>& c : cache.layers) lengths_before.push_back(c.lengths());
       std::size_t i = 0;
       try {
         for (; i < params_.layers.size(); ++i)
@@ -252,15 +255,16 @@ class TransformerStack {
 
   /// Every layer's cache must be one of this stack's, holding the same sequences: checked before any layer steps,
   /// so that an argument error leaves every cache as it was.
-  void check_cache(const TensorView<const T, 3>& x, const TransformerStackCache<T>& cache) const {
+  template <typename S>
+  void check_cache(const TensorView<const T, 3>& x, const TransformerStackCache<T, S>& cache) const {
     if (static_cast<Index>(cache.layers.size()) != config_.num_layers)
       detail::throw_invalid(step_name, "cache",
                             "holds " + std::to_string(cache.layers.size()) + " layers, the stack has " +
                                 std::to_string(config_.num_layers) + " (use make_cache)");
     detail::check_shape<3>(step_name, "x_new", x.shape(), {cache.layers.front().batch(), detail::any_extent, embed_dim()});
-    const KVCache<T>& first = cache.layers.front();
+    const KVCache<T, S>& first = cache.layers.front();
     for (std::size_t i = 1; i < cache.layers.size(); ++i) {
-      const KVCache<T>& c = cache.layers[i];
+      const KVCache<T, S>& c = cache.layers[i];
       if (c.batch() != first.batch() || c.kv_heads() != first.kv_heads() || c.head_dim() != first.head_dim() ||
           c.lengths() != first.lengths() || c.policy().capacity != first.policy().capacity ||
           c.policy().window != first.policy().window || c.policy().sink_tokens != first.policy().sink_tokens)
