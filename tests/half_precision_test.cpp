@@ -258,7 +258,8 @@ TYPED_TEST(HalfPrecisionTest, PublicPathsEqualTheFloatKernelsOnWidenedInputs) {
 }
 
 // Each decode path (general, grouped, streaming) on keys and values stored in 16 bits equals the same path on the
-// widened keys and values, bitwise: the kernels read the cache in place and widen it exactly. Key counts around
+// widened keys and values to float rounding (1e-6; bitwise but for FMA contraction in scalar tails): the kernels
+// read the cache in place and widen it exactly (a wrong widening is off by 1e-3 or more). Key counts around
 // the 256-key chunks, group sizes 1..8, head dims that are and are not whole packets, strided cache views.
 TYPED_TEST(HalfPrecisionTest, DecodePathsReadSixteenBitKeysAndValuesInPlace) {
   using S = TypeParam;
@@ -288,8 +289,10 @@ TYPED_TEST(HalfPrecisionTest, DecodePathsReadSixteenBitKeysAndValuesInPlace) {
           detail::decode_forward(wide_params, detail::ForwardOutputs<float>{out_wide.view(), lse_wide.view(), {}}, path);
           const std::string where = "path " + std::to_string(static_cast<int>(path)) + " D " + std::to_string(D) +
                                     " G " + std::to_string(group) + " Lk " + std::to_string(Lk);
-          ASSERT_EQ(std::memcmp(out_half.data(), out_wide.data(), sizeof(float) * out_half.size()), 0) << where;
-          ASSERT_EQ(std::memcmp(lse_half.data(), lse_wide.data(), sizeof(float) * lse_half.size()), 0) << where;
+          // The same arithmetic on the same floats; the compiler may contract a scalar tail's a * b + c into an FMA
+          // in one instantiation and not the other (seen with -march=native, D = 1), so: float rounding, not bits.
+          ASSERT_TRUE(test::all_close(out_half, out_wide, 1e-6)) << where;
+          ASSERT_TRUE(test::all_close(lse_half, lse_wide, 1e-6)) << where;
         }
 }
 

@@ -43,7 +43,8 @@ if(offender_count GREATER 0)
 endif()
 
 # The calls of caller.cpp go out to the instances.
-foreach(name IN ITEMS "sdpa_forward_views<float>" "sdpa_forward_into_views<float>" "sdpa_backward_views<float>"
+# (sdpa_forward_into_views has a second parameter, the storage type of keys and values: float here too.)
+foreach(name IN ITEMS "sdpa_forward_views<float>" "sdpa_forward_into_views<float, float>" "sdpa_backward_views<float>"
                       "attention_weights_views<float>")
   string(FIND "${caller_undefined}" "selfattn::detail::${name}(" at)
   if(at EQUAL -1)
@@ -54,12 +55,14 @@ endforeach()
 
 # Every declared instance is defined by instances.o, under the names matched above.
 foreach(type IN ITEMS float double)
-  foreach(name IN ITEMS "selfattn::detail::sdpa_forward_views<${type}>(" "selfattn::detail::sdpa_forward_into_views<${type}>("
+  foreach(name IN ITEMS "selfattn::detail::sdpa_forward_views<${type}>(" "selfattn::detail::sdpa_forward_into_views<${type}, ${type}>("
                         "selfattn::detail::sdpa_backward_views<${type}>(" "selfattn::detail::attention_weights_views<${type}>("
                         "selfattn::detail::run_forward<${type}>("
                         "selfattn::detail::linear_into<${type}>(" "selfattn::detail::fused_qkv_projection<${type}>("
                         "selfattn::linear_backward<${type}>(" "selfattn::MultiHeadAttention<${type}>::forward_views("
-                        "selfattn::MultiHeadAttention<${type}>::step_views("
+                        "selfattn::MultiHeadAttention<${type}>::step_views<${type}>("
+                        "selfattn::MultiHeadAttention<${type}>::step_into_views<${type}>("
+                        "selfattn::TransformerLayer<${type}>::run_step<${type}>("
                         "selfattn::MultiHeadAttention<${type}>::backward_views(")
     string(FIND "${instances_defined}" "${name}" at)
     if(at EQUAL -1)
