@@ -12,7 +12,9 @@
 //     sinks, half the memory, and the module's steps over it;
 //   - errors name the argument before anything is written.
 // This file is compiled twice (tests/CMakeLists.txt): with the build's flags (the portable widening: SSE2 unpack
-// for bfloat16, lane by lane for float16 without F16C) and with -march=native (AVX2 / AVX-512 and F16C widening).
+// for bfloat16, lane by lane for float16 without F16C), every test; and with -march=native (AVX2 / AVX-512 and F16C
+// widening) and SELFATTN_HALF_PRECISION_SIMD_ONLY, the tests that reach the widening code (conversions, packets,
+// the decode paths): that build compiles its kernels itself, so it leaves out what would only compile them again.
 #include <selfattn/selfattn.hpp>
 
 #include "support/compare.hpp"
@@ -137,6 +139,7 @@ TYPED_TEST(HalfPrecisionTest, PacketWideningMatchesScalarWidening) {
   }
 }
 
+#ifndef SELFATTN_HALF_PRECISION_SIMD_ONLY  // the native build compiles only the tests of the SIMD widening
 // A random attention call of a sweep shape and mask kind, in three precisions: the 16-bit inputs, the same values
 // widened to float, and to double.
 template <typename S>
@@ -257,6 +260,8 @@ TYPED_TEST(HalfPrecisionTest, PublicPathsEqualTheFloatKernelsOnWidenedInputs) {
     }
 }
 
+#endif
+
 // Each decode path (general, grouped, streaming) on keys and values stored in 16 bits equals the same path on the
 // widened keys and values to float rounding (1e-6; bitwise but for FMA contraction in scalar tails): the kernels
 // read the cache in place and widen it exactly (a wrong widening is off by 1e-3 or more). Key counts around
@@ -296,6 +301,7 @@ TYPED_TEST(HalfPrecisionTest, DecodePathsReadSixteenBitKeysAndValuesInPlace) {
         }
 }
 
+#ifndef SELFATTN_HALF_PRECISION_SIMD_ONLY  // the native build compiles only the tests of the SIMD widening
 // Backward: dq, dk, dv in the inputs' type within twice the baseline's error (a float reference backward from the
 // same 16-bit inputs and the 16-bit forward's out, rounded to 16 bits), dbias in float within float tolerance.
 TYPED_TEST(HalfPrecisionTest, BackwardFollowsTheFlashAttentionRule) {
@@ -429,6 +435,8 @@ TYPED_TEST(HalfPrecisionTest, ErrorsNameTheArgument) {
   test::expect_error<ShapeError>([&] { mha.step(Tensor<float, 3>({1, 1, 8}), cache); }, {"x_new"});
   EXPECT_EQ(cache.length(), 0);
 }
+
+#endif
 
 }  // namespace
 }  // namespace selfattn

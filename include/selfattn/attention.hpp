@@ -311,13 +311,12 @@ AttentionForward<T> sdpa_forward_views(const char* function, const TensorView<co
   return result;
 }
 
-/// sdpa_forward_into on views, keys and values stored as KV (T, or 16 bits: the module's step over a 16-bit cache):
-/// validate (outputs included), run the kernel.
-template <typename T, typename KV = T>
-void sdpa_forward_into_views(const char* function, const TensorView<const T, 4>& q, const TensorView<const KV, 4>& k,
-                             const TensorView<const KV, 4>& v, const TensorView<T, 4>& out,
-                             const TensorView<T, 3>& lse, const AttentionOptions<T>& opts,
-                             AttentionWorkspace<T>& workspace) {
+/// The checks of every _into forward entry: q, k, v and the options (validate_forward_shapes), no weights asked for,
+/// out (B, H, Lq, Dv) and lse (B, H, Lq) of the right shapes, overlapping neither an input nor each other.
+template <typename QS, typename KS, typename OS, typename T>
+void validate_forward_into(const char* function, const TensorView<const QS, 4>& q, const TensorView<const KS, 4>& k,
+                           const TensorView<const KS, 4>& v, const TensorView<OS, 4>& out, const TensorView<T, 3>& lse,
+                           const AttentionOptions<T>& opts) {
   validate_forward_shapes(function, q.shape(), k.shape(), v.shape(), opts);
   if (opts.need_weights)
     throw_invalid(function, "opts.need_weights", "the _into form returns no weights; use sdpa_forward for them");
@@ -326,6 +325,16 @@ void sdpa_forward_into_views(const char* function, const TensorView<const T, 4>&
   check_destination(function, "out", out, q, k, v, opts);
   check_destination(function, "lse", lse, q, k, v, opts);
   if (overlaps(out, lse)) throw_invalid(function, "lse", "overlaps out; write into separate memory");
+}
+
+/// sdpa_forward_into on views, keys and values stored as KV (T, or 16 bits: the module's step over a 16-bit cache):
+/// validate (outputs included), run the kernel.
+template <typename T, typename KV = T>
+void sdpa_forward_into_views(const char* function, const TensorView<const T, 4>& q, const TensorView<const KV, 4>& k,
+                             const TensorView<const KV, 4>& v, const TensorView<T, 4>& out,
+                             const TensorView<T, 3>& lse, const AttentionOptions<T>& opts,
+                             AttentionWorkspace<T>& workspace) {
+  validate_forward_into(function, q, k, v, out, lse, opts);
   run_forward_stored(make_stored_params(q, k, v, opts), opts, ForwardOutputs<T>{out, lse, TensorView<T, 4>()},
                      workspace);
 }
@@ -376,14 +385,7 @@ void sdpa_forward_into_half_views(const char* function, const TensorView<const S
                                   const TensorView<const S, 4>& k, const TensorView<const S, 4>& v,
                                   const TensorView<S, 4>& out, const TensorView<float, 3>& lse,
                                   const AttentionOptions<float>& opts, AttentionWorkspace<float>& workspace) {
-  validate_forward_shapes(function, q.shape(), k.shape(), v.shape(), opts);
-  if (opts.need_weights)
-    throw_invalid(function, "opts.need_weights", "the _into form returns no weights; use sdpa_forward for them");
-  check_shape<4>(function, "out", out.shape(), {q.dim(0), q.dim(1), q.dim(2), v.dim(3)});
-  check_shape<3>(function, "lse", lse.shape(), {q.dim(0), q.dim(1), q.dim(2)});
-  check_destination(function, "out", out, q, k, v, opts);
-  check_destination(function, "lse", lse, q, k, v, opts);
-  if (overlaps(out, lse)) throw_invalid(function, "lse", "overlaps out; write into separate memory");
+  validate_forward_into(function, q, k, v, out, lse, opts);
   run_forward_half<S>(q, k, v, out, lse, TensorView<float, 4>(), opts, workspace);
 }
 
