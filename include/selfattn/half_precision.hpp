@@ -87,13 +87,15 @@ inline float narrow_to_float_round_to_odd(double value) {
   return nearest;
 }
 
-/// A value stored as S: rounded once to nearest, ties to even (Eigen's conversions from float; a double goes
-/// through narrow_to_float_round_to_odd, so it is not rounded twice), NaN kept NaN, overflow to infinity. A no-op
-/// when S is the value's type.
+/// A value stored as S: rounded once to nearest, ties to even (into a 16-bit S by Eigen's conversions from float; a
+/// double goes through narrow_to_float_round_to_odd first, so it is not rounded twice; into float or double by the
+/// cast), NaN kept NaN, overflow to infinity. A no-op when S is the value's type.
 template <typename S, typename T>
 EIGEN_ALWAYS_INLINE S narrow(const T& x) {
   if constexpr (std::is_same_v<S, T>)
     return x;
+  else if constexpr (!is_half_width_v<S>)
+    return static_cast<S>(x);  // float or double: one rounding (or none) by the cast
   else if constexpr (std::is_same_v<T, double>)
     return S(narrow_to_float_round_to_odd(x));
   else

@@ -195,25 +195,6 @@ T element_from_bits(element_bits_t<T> bits) {
   return value;
 }
 
-/// A float converted to the element type T: exact for float and double, rounded to nearest even for
-/// Eigen::half and Eigen::bfloat16 (Eigen's constructors).
-template <typename T>
-T element_from_float(float value) {
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
-    return static_cast<T>(value);
-  else
-    return T(value);
-}
-
-/// A double converted to the element type T with one rounding to nearest even.
-template <typename T>
-T element_from_double(double value) {
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
-    return static_cast<T>(value);
-  else
-    return T(narrow_to_float_round_to_odd(value));
-}
-
 /// The floating-point encodings stored in .npy ('<f2', '<f4', '<f8') and .safetensors (F16, BF16, F32, F64).
 enum class StoredFloat { float16, bfloat16, float32, float64 };
 
@@ -227,21 +208,21 @@ T decode_stored_float(StoredFloat kind, const unsigned char* p) {
       if constexpr (std::is_same_v<T, Eigen::half>)
         return element_from_bits<Eigen::half>(bits);
       else  // float16 -> float is exact, so this is one rounding at most
-        return element_from_float<T>(half_to_float(bits));
+        return narrow<T>(half_to_float(bits));
     }
     case StoredFloat::bfloat16: {
       const auto bits = static_cast<std::uint16_t>(load_le(p, 2));
       if constexpr (std::is_same_v<T, Eigen::bfloat16>)
         return element_from_bits<Eigen::bfloat16>(bits);
       else
-        return element_from_float<T>(bfloat16_to_float(bits));
+        return narrow<T>(bfloat16_to_float(bits));
     }
     case StoredFloat::float32:
-      return element_from_float<T>(load_f32(p));
+      return narrow<T>(load_f32(p));
     case StoredFloat::float64:
       break;
   }
-  return element_from_double<T>(load_f64(p));
+  return narrow<T>(load_f64(p));
 }
 
 /// Reads a whole file into memory; std::runtime_error when it cannot (an I/O error, not a format error).
