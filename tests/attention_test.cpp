@@ -6,6 +6,7 @@
 #include "support/compare.hpp"
 #include "support/expect_error.hpp"
 #include "support/random.hpp"
+#include "support/sanitizers.hpp"
 #include "support/sweep.hpp"
 
 #include <gtest/gtest.h>
@@ -39,8 +40,11 @@ TYPED_TEST(AttentionTest, ReferenceMatchesBruteForceOverSweep) {
   using T = TypeParam;
   Random random(20261129);
   int cases = 0;
-  for (const Shape& s : sweep_shapes)
-    for (MaskKind kind : mask_kinds) {
+  for (std::size_t si = 0; si < sweep_shapes.size(); ++si)
+    for (std::size_t ki = 0; ki < mask_kinds.size(); ++ki) {
+      if (!test::sweep_pair_runs(si, ki)) continue;  // a third of the pairs under a sanitizer
+      const Shape& s = sweep_shapes[si];
+      const MaskKind kind = mask_kinds[ki];
       const auto q = random.normal_tensor<T, 4>({s.batch, s.heads, s.q_len, s.head_dim});
       const auto k = random.normal_tensor<T, 4>({s.batch, s.kv_heads, s.k_len, s.head_dim});
       const auto v = random.normal_tensor<T, 4>({s.batch, s.kv_heads, s.k_len, s.value_dim});
@@ -56,7 +60,8 @@ TYPED_TEST(AttentionTest, ReferenceMatchesBruteForceOverSweep) {
       EXPECT_TRUE(all_close(fwd.weights, expected.weights, tolerance)) << where;
       ++cases;
     }
-  EXPECT_EQ(cases, static_cast<int>(sweep_shapes.size() * mask_kinds.size()));
+  const int pairs = static_cast<int>(sweep_shapes.size() * mask_kinds.size());
+  EXPECT_EQ(cases, test::sanitized ? (pairs + 2) / 3 : pairs);  // (pairs + 2) / 3: a third, rounded up, of 13 kinds
 }
 
 TYPED_TEST(AttentionTest, WeightRowsSumToOneAndMaskedWeightsAreExactlyZero) {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define SELFATTN_TEST_SANITIZED 1
@@ -28,5 +29,15 @@ constexpr bool sanitized = false;
 
 /// `cases` in an ordinary build, a quarter of them (at least one) under a sanitizer.
 constexpr long sweep_cases(long cases) { return sanitized ? std::max(1L, cases / 4) : cases; }
+
+/// Whether case `index` of a sweep runs: every one in an ordinary build, every third under a sanitizer. Numbered by a
+/// running count over nested loops whose inner loop has a length prime to 3, the cases kept take each inner value
+/// with each outer one in turn.
+constexpr bool sweep_case_runs(std::size_t index) { return !sanitized || index % 3 == 0; }
+
+/// Whether case (shape, kind) of a sweep over shapes x mask kinds runs: every one in an ordinary build; under a
+/// sanitizer a third of them, chosen so that each shape meets a third of the kinds and each kind a third of the shapes
+/// (the memory errors a sanitizer looks for show on any case of a path; each path is a kind on some shape).
+constexpr bool sweep_pair_runs(std::size_t shape, std::size_t kind) { return sweep_case_runs(shape + kind); }
 
 }  // namespace selfattn::test
