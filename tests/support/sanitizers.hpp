@@ -40,4 +40,12 @@ constexpr bool sweep_case_runs(std::size_t index) { return !sanitized || index %
 /// (the memory errors a sanitizer looks for show on any case of a path; each path is a kind on some shape).
 constexpr bool sweep_pair_runs(std::size_t shape, std::size_t kind) { return sweep_case_runs(shape + kind); }
 
+/// How many of `shapes` x `kinds` pairs sweep_pair_runs keeps: all of them in an ordinary build.
+constexpr int sweep_pairs_run(std::size_t shapes, std::size_t kinds) {
+  int count = 0;
+  for (std::size_t s = 0; s < shapes; ++s)
+    for (std::size_t k = 0; k < kinds; ++k) count += sweep_pair_runs(s, k) ? 1 : 0;
+  return count;
+}
+
 }  // namespace selfattn::test
