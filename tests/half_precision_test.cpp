@@ -30,6 +30,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace selfattn {
@@ -140,7 +141,6 @@ TYPED_TEST(HalfPrecisionTest, PacketWideningMatchesScalarWidening) {
   }
 }
 
-#ifndef SELFATTN_HALF_PRECISION_SIMD_ONLY  // the native build compiles only the tests of the SIMD widening
 // A random attention call of a sweep shape and mask kind, in three precisions: the 16-bit inputs, the same values
 // widened to float, and to double.
 template <typename S>
@@ -239,14 +239,17 @@ TYPED_TEST(HalfPrecisionTest, ForwardFollowsTheFlashAttentionRuleOnEveryMaskKind
   EXPECT_GT(checked, 300);
 }
 
+#ifndef SELFATTN_HALF_PRECISION_SIMD_ONLY  // the native build compiles only the tests of the SIMD kernels
 // The 16-bit entries compute exactly what the float kernels compute on the widened inputs, then round out once:
-// bitwise, for the fused kernel (inputs widened once) and the decode kernel (keys and values read in place).
+// bitwise, for the fused kernel (inputs widened once) and the decode kernel (keys and values read in place). Not
+// the fused kernel on bfloat16 where the BF16 dot products are compiled: it has its own tests below.
 TYPED_TEST(HalfPrecisionTest, PublicPathsEqualTheFloatKernelsOnWidenedInputs) {
   using S = TypeParam;
   Random random(77);
   for (Kernel kernel : {Kernel::fused, Kernel::decode})
     for (const test::Shape& shape : test::sweep_shapes) {
       if (kernel == Kernel::decode && shape.q_len > detail::decode_max_query_rows) continue;
+      if (kernel == Kernel::fused && std::is_same_v<S, bfloat16> && detail::micro::has_bf16_dot) continue;
       const HalfCall<S> call(shape, MaskKind::everything, random);
       AttentionOptions<float> opts = call.masks.opts;
       opts.kernel = kernel;
@@ -303,6 +306,174 @@ TYPED_TEST(HalfPrecisionTest, DecodePathsReadSixteenBitKeysAndValuesInPlace) {
           ASSERT_TRUE(test::all_close(lse_half, lse_wide, 1e-6)) << where;
         }
 }
+
+// The fused kernel on BF16 dot products (detail/fused_forward_bf16.hpp): compiled where the target has the
+// instructions (the native build on a CPU with avx512_bf16); elsewhere the bfloat16 fused forward widens its inputs
+// and the tests below check that path on the same cases.
+
+// FlashAttention's rule for the fused kernel on bfloat16 beyond the sweep's shapes: several key tiles and query
+// blocks, odd D and odd Lk (pairs padded with 0), windows starting at odd keys (tiles start at even ones), GQA,
+// dropout, every mask kind; lse within float tolerance; fully masked rows 0 with lse -inf.
+TEST(HalfPrecisionBf16Fused, FollowsTheFlashAttentionRuleOverTilesAndMasks) {
+  Random random(2718);
+  const std::vector<test::Shape> shapes = {
+      {1, 2, 1, 130, 301, 63, 17}, {2, 4, 2, 70, 129, 64, 64}, {1, 2, 2, 65, 64, 1, 3}, {1, 1, 1, 200, 200, 128, 128}};
+  int checked = 0;
+  for (const test::Shape& shape : shapes)
+    for (MaskKind kind : test::mask_kinds)
+      for (bool dropout : {false, true}) {
+        if (dropout && kind != MaskKind::causal_bottom_right && kind != MaskKind::everything) continue;
+        HalfCall<bfloat16> call(shape, kind, random);
+        AttentionOptions<float> opts = call.masks.opts;
+        if (dropout) {
+          opts.dropout_p = 0.2f;
+          opts.seed = 99;
+          call.opts64.dropout_p = 0.2;
+          call.opts64.seed = 99;
+        }
+        AttentionOptions<double> reference64 = call.opts64;
+        reference64.kernel = Kernel::reference;
+        const auto truth = sdpa_forward(tensor_cast<double>(call.q), tensor_cast<double>(call.k),
+                                        tensor_cast<double>(call.v), reference64);
+        AttentionOptions<float> reference32 = opts;
+        reference32.kernel = Kernel::reference;
+        const Tensor<bfloat16, 4> baseline = tensor_cast<bfloat16>(
+            sdpa_forward(tensor_cast<float>(call.q), tensor_cast<float>(call.k), tensor_cast<float>(call.v), reference32)
+                .out);
+        opts.kernel = Kernel::fused;
+        const AttentionForward<bfloat16> result = sdpa_forward(call.q, call.k, call.v, opts);
+        const std::string where = "shape " + detail::shape_string<4>(call.q.shape()) + " k " +
+                                  detail::shape_string<4>(call.k.shape()) + " mask kind " +
+                                  std::to_string(static_cast<int>(kind)) + (dropout ? " dropout" : "");
+        EXPECT_TRUE(within_twice_baseline(result.out, baseline, truth.out)) << where;
+        EXPECT_TRUE(test::all_close(result.lse, truth.lse, test::default_tolerance<float>())) << where;
+        for (Index n = 0; n < truth.lse.size(); ++n)
+          if (std::isinf(truth.lse.data()[n])) {
+            EXPECT_TRUE(std::isinf(result.lse.data()[n]) && result.lse.data()[n] < 0) << where;
+            for (Index e = 0; e < shape.value_dim; ++e)
+              EXPECT_EQ(static_cast<float>(result.out.data()[n * shape.value_dim + e]), 0.0f) << where;
+          }
+        ++checked;
+      }
+  EXPECT_EQ(checked, 4 * (13 + 2));
+}
+
+// Where the BF16 dot products are compiled, the fused forward on bfloat16 runs on them: its output differs from the
+// float kernel's on the widened inputs (P rounded to bfloat16 moves a few outputs by an ulp) while following the
+// rule above. Where they are not, it is that float kernel, bitwise.
+TEST(HalfPrecisionBf16Fused, RunsOnDotProductsWhereCompiled) {
+  Random random(31);
+  const HalfCall<bfloat16> call({1, 2, 2, 96, 200, 64, 64}, MaskKind::none, random);
+  AttentionOptions<float> opts = call.masks.opts;
+  opts.kernel = Kernel::fused;
+  const AttentionForward<bfloat16> half = sdpa_forward(call.q, call.k, call.v, opts);
+  const Tensor<bfloat16, 4> wide =
+      tensor_cast<bfloat16>(sdpa_forward(tensor_cast<float>(call.q), tensor_cast<float>(call.k),
+                                         tensor_cast<float>(call.v), opts)
+                                .out);
+  Index differing = 0;
+  for (Index n = 0; n < wide.size(); ++n) differing += bits_of(half.out.data()[n]) != bits_of(wide.data()[n]);
+  if (detail::micro::has_bf16_dot)
+    EXPECT_GT(differing, 0) << "the BF16 dot products are compiled but the output is the float kernel's";
+  else
+    EXPECT_EQ(differing, 0);
+}
+
+// Values holding inf or NaN (here in keys every row masks out) send the bfloat16 fused forward to the float kernel,
+// whose products skip zero factors: bitwise the float kernel's output on the widened inputs, no NaN.
+TEST(HalfPrecisionBf16Fused, ValuesWithInfOrNaNTakeTheFloatKernel) {
+  Random random(5);
+  HalfCall<bfloat16> call({2, 2, 1, 70, 90, 16, 16}, MaskKind::none, random);
+  AttentionOptions<float> opts;
+  opts.kernel = Kernel::fused;
+  opts.key_lengths = {80, 85};  // keys from 80 (batch 0) and 85 (batch 1) on are masked in every row
+  for (Index d = 0; d < 16; ++d) {
+    call.v(0, 0, 83, d) = bfloat16(std::numeric_limits<float>::quiet_NaN());
+    call.v(1, 0, 88, d) = bfloat16(std::numeric_limits<float>::infinity());
+  }
+  const AttentionForward<bfloat16> half = sdpa_forward(call.q, call.k, call.v, opts);
+  const Tensor<bfloat16, 4> wide =
+      tensor_cast<bfloat16>(sdpa_forward(tensor_cast<float>(call.q), tensor_cast<float>(call.k),
+                                         tensor_cast<float>(call.v), opts)
+                                .out);
+  EXPECT_FALSE(test::has_nan(tensor_cast<float>(half.out)));
+  for (Index n = 0; n < wide.size(); ++n)
+    ASSERT_EQ(bits_of(half.out.data()[n]), bits_of(wide.data()[n])) << "element " << n;
+}
+
+#if SELFATTN_BF16_DOT
+// round_to_pairs: two packets of float rounded to bfloat16 (to nearest, ties to even, as Eigen's conversion; a
+// subnormal to a zero of its sign, as the instruction does) and interleaved first/second, on random floats, exact
+// ties, values that round up across an exponent, and subnormals.
+TEST(Bf16DotProducts, PairsRoundToNearestEvenAndInterleave) {
+  const auto rounded_bits = [](float x) -> std::uint32_t {
+    if (std::fpclassify(x) == FP_SUBNORMAL) return std::signbit(x) ? 0x8000u : 0u;
+    return bits_of(bfloat16(x));
+  };
+  Random random(8);
+  std::vector<float> values;
+  for (int i = 0; i < 4096; ++i) values.push_back(static_cast<float>(random.normal()) * 100.0f);
+  for (std::uint32_t upper : {0x3F80u, 0x3F81u, 0x4000u, 0xBF7Fu, 0x7F7Fu, 0x0001u, 0x8001u})
+    for (std::uint32_t lower : {0x8000u, 0x7FFFu, 0x8001u, 0xFFFFu, 0x0000u})
+      values.push_back(float_from_bits(upper << 16 | lower));
+  while (values.size() % 32 != 0) values.push_back(0.0f);
+  for (std::size_t i = 0; i < values.size(); i += 32) {
+    alignas(64) std::uint32_t pairs[16];
+    _mm512_store_si512(pairs, detail::micro::round_to_pairs(_mm512_loadu_ps(&values[i]), _mm512_loadu_ps(&values[i + 16])));
+    for (std::size_t l = 0; l < 16; ++l) {
+      ASSERT_EQ(pairs[l] & 0xFFFFu, rounded_bits(values[i + l])) << values[i + l];
+      ASSERT_EQ(pairs[l] >> 16, rounded_bits(values[i + 16 + l])) << values[i + 16 + l];
+    }
+  }
+}
+
+// bf16_gemm_panel against exact sums in double: every row block size (full blocks and each tail), depths of 0, 1
+// and many pairs; products of bfloat16 are exact in float, so the only error is float summation's.
+TEST(Bf16DotProducts, PanelSumsExactProductsOverEveryRowBlock) {
+  constexpr Index lanes = 4 * 16;
+  Random random(13);
+  for (Index rows : {1, 2, 5, 6, 7, 13})
+    for (Index depth : {0, 1, 3, 32, 65}) {
+      std::vector<bfloat16> a(static_cast<std::size_t>(rows * 2 * depth)), b(static_cast<std::size_t>(2 * depth * lanes));
+      for (bfloat16& x : a) x = bfloat16(static_cast<float>(random.normal()));
+      for (bfloat16& x : b) x = bfloat16(static_cast<float>(random.normal()));
+      // a: rows x depth pairs, row-major; b: depth x lanes pairs (pair p of lane i: depth indices 2p, 2p + 1).
+      std::vector<std::uint32_t> a_pairs(static_cast<std::size_t>(rows * depth)), b_pairs(static_cast<std::size_t>(depth * lanes));
+      for (Index m = 0; m < rows; ++m)
+        for (Index p = 0; p < depth; ++p)
+          a_pairs[static_cast<std::size_t>(m * depth + p)] = detail::micro::load_pair(&a[static_cast<std::size_t>(m * 2 * depth + 2 * p)], 2);
+      for (Index p = 0; p < depth; ++p)
+        for (Index i = 0; i < lanes; ++i)
+          b_pairs[static_cast<std::size_t>(p * lanes + i)] = detail::micro::make_pair(
+              b[static_cast<std::size_t>((2 * p) * lanes + i)], b[static_cast<std::size_t>((2 * p + 1) * lanes + i)]);
+      std::vector<float> c(static_cast<std::size_t>(rows * lanes), std::numeric_limits<float>::quiet_NaN());
+      const auto store = [&](Index m0, auto& acc) {
+        constexpr int R = static_cast<int>(std::extent_v<std::remove_reference_t<decltype(acc)>>);
+        for (int r = 0; r < R; ++r)
+          for (int v = 0; v < 4; ++v) _mm512_storeu_ps(&c[static_cast<std::size_t>((m0 + r) * lanes + v * 16)], acc[r][v]);
+      };
+      detail::micro::bf16_gemm_panel<4>(rows, depth, a_pairs.data(), depth, b_pairs.data(), lanes, store);
+      for (Index m = 0; m < rows; ++m)
+        for (Index i = 0; i < lanes; ++i) {
+          double exact = 0.0, magnitude = 0.0;
+          for (Index k = 0; k < 2 * depth; ++k) {
+            const double term = static_cast<double>(static_cast<float>(a[static_cast<std::size_t>(m * 2 * depth + k)])) *
+                                static_cast<double>(static_cast<float>(b[static_cast<std::size_t>(k * lanes + i)]));
+            exact += term;
+            magnitude += std::abs(term);
+          }
+          const double got = c[static_cast<std::size_t>(m * lanes + i)];
+          ASSERT_LE(std::abs(got - exact), 2.0 * static_cast<double>(depth) * std::numeric_limits<float>::epsilon() * magnitude)
+              << "rows " << rows << " depth " << depth << " row " << m << " lane " << i;
+        }
+    }
+}
+#else
+TEST(Bf16DotProducts, NotCompiledForThisTarget) {
+  GTEST_SKIP() << "this build's target has no AVX-512 BF16 instructions (or SELFATTN_NO_BF16_DOT is defined): the "
+                  "bfloat16 fused forward widens its inputs to float";
+}
+#endif
 
 #ifndef SELFATTN_HALF_PRECISION_SIMD_ONLY  // the native build compiles only the tests of the SIMD widening
 // Backward: dq, dk, dv in the inputs' type within twice the baseline's error (a float reference backward from the

@@ -8,6 +8,7 @@
 #include <selfattn/detail/decode.hpp>
 #include <selfattn/detail/fused_backward.hpp>
 #include <selfattn/detail/fused_forward.hpp>
+#include <selfattn/detail/fused_forward_bf16.hpp>
 #include <selfattn/detail/params.hpp>
 #include <selfattn/detail/reference.hpp>
 #include <selfattn/errors.hpp>
@@ -347,6 +348,21 @@ void sdpa_forward_into_views(const char* function, const TensorView<const T, 4>&
   sdpa_forward_into_views(function, q, k, v, out, lse, opts, workspace);
 }
 
+/// The fused kernel on BF16 dot products (fused_forward_bf16.hpp) when it applies: bfloat16 q, k, v (q widened
+/// exactly; a float q, as in a module's step over a bfloat16 cache, would be rounded), a target with the
+/// instructions, the fused kernel chosen and v free of inf and NaN. Returns whether it ran.
+template <typename S>
+bool run_forward_bf16_dot([[maybe_unused]] const AttentionParams<float, S>& p,
+                          [[maybe_unused]] const AttentionOptions<float>& opts,
+                          [[maybe_unused]] const ForwardOutputs<float>& outputs,
+                          [[maybe_unused]] AttentionWorkspace<float>& workspace) {
+#if SELFATTN_BF16_DOT
+  if constexpr (std::is_same_v<S, bfloat16>)
+    return forward_kernel(p, opts) == Kernel::fused && fused_forward_bf16(p, outputs, workspace.fused);
+#endif
+  return false;
+}
+
 /// The forward on 16-bit q, k, v (S = bfloat16 or float16) into out (S) and lse, weights (float): q widened to
 /// float (few rows in decoding; read many times by the fused kernel), keys and values read in place by the decode
 /// kernel or widened once for the others, scores, softmax and sums in float, out rounded once to S at the end.
@@ -358,8 +374,9 @@ void run_forward_half(const TensorView<const S, 4>& q, const TensorView<const S,
                       AttentionWorkspace<float>& workspace) {
   const TensorView<float, 4> query = widen_into(q, workspace.widened.query);
   const TensorView<float, 4> wide_out = take_buffer<float, 4>(workspace.widened.out, out.shape());
-  run_forward_stored(make_stored_params<float, S>(query, k, v, opts), opts,
-                     ForwardOutputs<float>{wide_out, lse, weights}, workspace);
+  const AttentionParams<float, S> params = make_stored_params<float, S>(query, k, v, opts);
+  const ForwardOutputs<float> outputs{wide_out, lse, weights};
+  if (!run_forward_bf16_dot(params, opts, outputs, workspace)) run_forward_stored(params, opts, outputs, workspace);
   convert_view<float, S, 4>(wide_out, out);
 }
 

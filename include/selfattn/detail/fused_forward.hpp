@@ -14,6 +14,7 @@
 #include <array>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -28,6 +29,10 @@ struct ForwardWorkspace {
   micro::Buffer<T> s;      // (forward_keys, lanes): scores, then probabilities, of one tile
   micro::Buffer<T> ot;     // (Dv, lanes): unnormalised output, transposed
   micro::Buffer<T> state;  // 5 x lanes: running max m, running sum l, rescale alpha, key range lo, hi
+  // The bfloat16 products only (fused_forward_bf16.hpp): Q^T and P^T as bfloat16 pairs (ceil(D / 2), lanes) and
+  // (forward_keys / 2, lanes). Empty otherwise.
+  micro::Buffer<std::uint32_t> query_pairs;
+  micro::Buffer<std::uint32_t> probability_pairs;
 
   ForwardWorkspace() = default;
   ForwardWorkspace(Index head_dim, Index value_dim) { prepare(head_dim, value_dim); }
@@ -56,6 +61,9 @@ std::size_t fused_forward_workspace_bytes(Index head_dim, Index value_dim) {
 template <typename T>
 struct FusedForwardScratch {
   std::vector<ForwardWorkspace<T>> threads;
+  // The bfloat16 products only (fused_forward_bf16.hpp): keys and values of every head as bfloat16 pairs.
+  micro::Buffer<std::uint32_t> key_pairs;
+  micro::Buffer<std::uint32_t> value_pairs;
 
   void prepare(int count, Index head_dim, Index value_dim) {
     if (threads.size() < static_cast<std::size_t>(count)) threads.resize(static_cast<std::size_t>(count));
@@ -63,32 +71,71 @@ struct FusedForwardScratch {
   }
 };
 
-/// The forward of one block of `lanes` query rows [i0, i0 + lanes) of (batch b, head h), over every key tile.
+/// The products of the fused forward in T, the elements read in place: the block's Q^T packed once (D, lanes),
+/// S^T = K_tile Q^T with K's elements broadcast, O^T += V_tile^T P^T with V's elements broadcast (the safe
+/// micro-kernel when the tile's values hold inf or NaN). fused_forward_bf16.hpp has the other kind of products.
+template <typename T>
+struct ElementProducts {
+  /// Tiles may start at any key.
+  static constexpr Index key_alignment = 1;
+
+  /// Nothing beyond ForwardWorkspace::prepare.
+  void prepare(ForwardWorkspace<T>&) const {}
+
+  /// Q^T (D, lanes) of rows [i0, i0 + rows); lanes past the last row stay 0 (their results are never written).
+  void load_queries(const AttentionParams<T>& p, Index b, Index h, Index i0, Index rows, ForwardWorkspace<T>& w) const {
+    constexpr Index lanes = FusedTiles<T>::lanes;
+    const Index head_dim = p.q.dim(3);
+    T* qt = w.qt.data();
+    std::fill(w.qt.begin(), w.qt.end(), T(0));
+    const T* q = row_pointer(p.q, b, h, i0);
+    for (Index i = 0; i < rows; ++i)
+      for (Index d = 0; d < head_dim; ++d) qt[d * lanes + i] = q[i * p.q.stride(2) + d];
+  }
+
+  /// epilogue(m0, acc) over S^T (width, lanes) = K_tile Q^T, keys [j0, j0 + width) of key/value head (b, hk).
+  template <typename Epilogue>
+  void scores(const AttentionParams<T>& p, Index b, Index hk, Index j0, Index width, ForwardWorkspace<T>& w,
+              Epilogue& epilogue) const {
+    const Index k_stride = p.k.stride(2);
+    micro::gemm<T, micro::micro_packets>(false, width, p.q.dim(3), row_pointer(p.k, b, hk, j0), k_stride, 1,
+                                         w.qt.data(), FusedTiles<T>::lanes, epilogue);
+  }
+
+  /// epilogue(m0, acc) over V_tile^T P^T (Dv, lanes), P^T in w.s: A(dv, j) = v_j[dv].
+  template <typename Epilogue>
+  void values(const AttentionParams<T>& p, Index b, Index hk, Index j0, Index width, ForwardWorkspace<T>& w,
+              Epilogue& epilogue) const {
+    const Index v_stride = p.v.stride(2), value_dim = p.value_dim();
+    const T* v = row_pointer(p.v, b, hk, j0);
+    const bool values_finite = micro::all_finite(v, width, value_dim, v_stride);
+    micro::gemm<T, micro::micro_packets>(!values_finite, value_dim, width, v, 1, v_stride, w.s.data(),
+                                         FusedTiles<T>::lanes, epilogue);
+  }
+};
+
+/// The forward of one block of `lanes` query rows [i0, i0 + lanes) of (batch b, head h), over every key tile;
+/// `products` computes the two products (ElementProducts, or the bfloat16 pairs of fused_forward_bf16.hpp).
 ///   1. Q^T of the block: S^T = K Q^T then holds q_i . k_j in column i.
-///   2. per key tile: S^T = scale K_tile Q^T (micro-kernel), masks (partial tiles: the per-row key range; `allowed`,
+///   2. per key tile: S^T = scale K_tile Q^T (products.scores), masks (partial tiles: the per-row key range; `allowed`,
 ///      bias, ALiBi: per element), tile max per query lane
 ///   3. online softmax per lane: m' = max(m, tile max), alpha = exp(m - m'), l = alpha l + sum_j exp(s_ij - m'),
 ///      P_ij = exp(s_ij - m') (0 where masked), dropped entries (dropout stream) set to 0 in P after the sum
-///   4. O^T = alpha O^T + V_tile^T P^T (micro-kernel; the safe one when the tile's values hold inf or NaN)
+///   4. O^T = alpha O^T + V_tile^T P^T (products.values)
 ///   5. finish_row (softmax.hpp): o_i = O_i / l_i * 1 / (1 - p), lse_i = m_i + log l_i; a row with l_i == 0 (no
 ///      allowed key) gets o_i = 0, lse_i = -inf.
-template <typename T>
-void fused_forward_block(const AttentionParams<T>& p, const ForwardOutputs<T>& result, Index b, Index h, Index i0,
-                         ForwardWorkspace<T>& w) {
+template <typename T, typename KV, typename Products>
+void fused_forward_block(const AttentionParams<T, KV>& p, const ForwardOutputs<T>& result, Index b, Index h, Index i0,
+                         ForwardWorkspace<T>& w, const Products& products) {
   using P = micro::Packet<T>;
   using namespace Eigen::internal;
   constexpr Index ps = micro::packet_size<T>;
   constexpr int nv = micro::micro_packets;
   constexpr Index lanes = FusedTiles<T>::lanes;
   const Index rows = std::min(lanes, p.q_len() - i0);
-  const Index head_dim = p.q.dim(3), value_dim = p.value_dim(), hk = p.kv_head(h);
+  const Index value_dim = p.value_dim(), hk = p.kv_head(h);
 
-  // 1. Q^T (D, lanes); lanes past the last row stay 0 (their results are never written).
-  T* qt = w.qt.data();
-  std::fill(w.qt.begin(), w.qt.end(), T(0));
-  const T* q = row_pointer(p.q, b, h, i0);
-  for (Index i = 0; i < rows; ++i)
-    for (Index d = 0; d < head_dim; ++d) qt[d * lanes + i] = q[i * p.q.stride(2) + d];
+  products.load_queries(p, b, h, i0, rows, w);  // 1.
 
   T* m = w.state.data();
   T* l = m + lanes;
@@ -103,14 +150,13 @@ void fused_forward_block(const AttentionParams<T>& p, const ForwardOutputs<T>& r
   const KeyRange first = row_masks[0].keys, last = row_masks[static_cast<std::size_t>(rows - 1)].keys;
   const bool element_masks = p.mask.has_element_masks() || p.mask.has_alibi();
 
-  const T* k = row_pointer(p.k, b, hk, 0);
-  const T* v = row_pointer(p.v, b, hk, 0);
-  const Index k_stride = p.k.stride(2), v_stride = p.v.stride(2);
   T* s = w.s.data();
   T* ot = w.ot.data();
   const P scale = pset1<P>(p.scale);
-  // Key tiles from the first row's first key to the last row's last: nothing outside is visible to any row.
-  for (Index j0 = first.begin; j0 < last.end; j0 += FusedTiles<T>::forward_keys) {
+  // Key tiles from the first row's first key (down to the products' alignment) to the last row's last: nothing
+  // outside is visible to any row.
+  const Index start = first.begin - first.begin % Products::key_alignment;
+  for (Index j0 = start; j0 < last.end; j0 += FusedTiles<T>::forward_keys) {
     const Index width = std::min(FusedTiles<T>::forward_keys, last.end - j0);
     const bool full = last.begin <= j0 && first.end >= j0 + width;  // inside every row's range
 
@@ -131,7 +177,7 @@ void fused_forward_block(const AttentionParams<T>& p, const ForwardOutputs<T>& r
         });
       });
     };
-    micro::gemm<T, nv>(false, width, head_dim, k + j0 * k_stride, k_stride, 1, qt, lanes, store_scores);
+    products.scores(p, b, hk, j0, width, w, store_scores);
     const bool masked = !full || element_masks;
     if (!full) {  // the structural masks of a partial tile: keep lo_i <= jj < hi_i, per lane
       for (Index i = 0; i < lanes; ++i) {
@@ -178,8 +224,7 @@ void fused_forward_block(const AttentionParams<T>& p, const ForwardOutputs<T>& r
         for (Index i = 0; i < rows; ++i)
           if (!p.dropout.keep(b, h, i0 + i, j0 + jj)) s[jj * lanes + i] = T(0);
 
-    // 4. O^T = alpha O^T + V_tile^T P^T: rows dv, depth the tile's keys, A(dv, j) = v_j[dv].
-    const bool values_finite = micro::all_finite(v + j0 * v_stride, width, value_dim, v_stride);
+    // 4. O^T = alpha O^T + V_tile^T P^T: rows dv, depth the tile's keys.
     const auto rescale_and_add = [&](Index m0, auto& acc) SELFATTN_INLINE_LAMBDA {
       constexpr int R = static_cast<int>(std::extent_v<std::remove_reference_t<decltype(acc)>>);
       micro::unroll<R>([&](auto r) {
@@ -189,7 +234,7 @@ void fused_forward_block(const AttentionParams<T>& p, const ForwardOutputs<T>& r
         });
       });
     };
-    micro::gemm<T, nv>(!values_finite, value_dim, width, v + j0 * v_stride, 1, v_stride, s, lanes, rescale_and_add);
+    products.values(p, b, hk, j0, width, w, rescale_and_add);
   }
 
   // 5. Normalise and write out, lse.
@@ -204,8 +249,9 @@ void fused_forward_block(const AttentionParams<T>& p, const ForwardOutputs<T>& r
 
 /// The fused forward: out and lse of every (batch, head, query row), never the weights. Threads share the
 /// blocks of `lanes` query rows of every (batch, head); the most expensive (last, under a causal mask) first.
-template <typename T>
-void fused_forward(const AttentionParams<T>& p, const ForwardOutputs<T>& result, FusedForwardScratch<T>& scratch) {
+template <typename T, typename KV, typename Products>
+void fused_forward_blocks(const AttentionParams<T, KV>& p, const ForwardOutputs<T>& result,
+                          FusedForwardScratch<T>& scratch, const Products& products) {
   constexpr Index lanes = FusedTiles<T>::lanes;
   const Index blocks = ceil_div(p.q_len(), lanes);
   const Index tasks = p.batch() * p.heads() * blocks;
@@ -214,14 +260,21 @@ void fused_forward(const AttentionParams<T>& p, const ForwardOutputs<T>& result,
                       static_cast<double>(p.q.dim(3) + p.value_dim());
   const int threads = threads_for(work, tasks);
   scratch.prepare(threads, p.q.dim(3), p.value_dim());  // before any thread starts: a bad_alloc throws here
+  for (int t = 0; t < threads; ++t) products.prepare(scratch.threads[static_cast<std::size_t>(t)]);
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
 #endif
   for (Index task = 0; task < tasks; ++task) {
     const Index block = blocks - 1 - task % blocks, bh = task / blocks;
     fused_forward_block(p, result, bh / p.heads(), bh % p.heads(), block * lanes,
-                        scratch.threads[static_cast<std::size_t>(thread_id())]);
+                        scratch.threads[static_cast<std::size_t>(thread_id())], products);
   }
+}
+
+/// The fused forward with the products in T (ElementProducts).
+template <typename T>
+void fused_forward(const AttentionParams<T>& p, const ForwardOutputs<T>& result, FusedForwardScratch<T>& scratch) {
+  fused_forward_blocks(p, result, scratch, ElementProducts<T>{});
 }
 
 /// fused_forward with scratch of its own, allocated for this call.

@@ -74,8 +74,8 @@ inline Index ceil_div(Index a, Index b) { return (a + b - 1) / b; }
 
 /// Grows v to at least n entries, never shrinks it: kernel scratch kept between calls (AttentionWorkspace) uses
 /// its first n entries, so that a call needing fewer than an earlier one frees and allocates nothing.
-template <typename U>
-void grow_to(std::vector<U>& v, Index n) {
+template <typename U, typename Allocator>
+void grow_to(std::vector<U, Allocator>& v, Index n) {
   if (v.size() < static_cast<std::size_t>(n)) v.resize(static_cast<std::size_t>(n));
 }
 
