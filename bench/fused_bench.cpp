@@ -6,13 +6,16 @@
 // 8 heads is 0.55 TFLOP per forward), D = Dv in {64, 128}.
 //   BM_fused_forward/N/D:d/causal:c/threads:t      sdpa_forward (fused kernel: opts.kernel = automatic)
 //   BM_reference_forward/N/D:d/causal:c/threads:t  the same with opts.kernel = Kernel::reference (N <= 4096)
-//   BM_fused_forward_bf16/N/D:d/causal:c/threads:t sdpa_forward on bfloat16 q, k, v (N <= 4096): float arithmetic
-//                                                  on the widened inputs, out rounded to bfloat16
+//   BM_fused_forward_bf16/N/D:d/causal:c/threads:t sdpa_forward on bfloat16 q, k, v (N <= 4096): both products on
+//                                                  the BF16 dot-product instruction where the build's target has it
+//                                                  (-march=native on a CPU with avx512_bf16), else float arithmetic
+//                                                  on the widened inputs; out rounded to bfloat16
 //   BM_eigen_forward_gemms/N/D:d/threads:t         per head S = Q K^T, O = S V with Eigen, nothing else
 //   BM_fused_backward, BM_reference_backward       sdpa_backward (given the forward's out and lse)
 //   BM_eigen_backward_gemms/N/D:d/threads:t        per head the five GEMMs of the backward: S = Q K^T, dP = dO V^T,
 //                                                  dV = P^T dO, dQ = dS K, dK = dS^T Q
 //   BM_fma_peak                                    independent FMAs in registers: the core's peak FLOP/s
+//   BM_bf16_dot_peak                               independent vdpbf16ps in registers (where compiled, as above)
 //   BM_mha_forward_backward/N                      MultiHeadAttention<float> forward + backward, E = 512, H = 8
 // threads:t is 1, or 1 and 2 when built with OpenMP (SELFATTN_OPENMP=ON): omp_set_num_threads(t) before the run.
 //
@@ -36,6 +39,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <selfattn/detail/bf16_dot.hpp>
 #include <selfattn/detail/microkernels.hpp>
 #include <selfattn/selfattn.hpp>
 
@@ -220,6 +224,24 @@ void BM_fma_peak(benchmark::State& state) {
   });
 }
 
+#if SELFATTN_BF16_DOT
+// The BF16 dot-product instruction's peak: independent vdpbf16ps in registers, each 16 lanes x 2 multiply-adds.
+void BM_bf16_dot_peak(benchmark::State& state) {
+  constexpr int chains = 12;
+  constexpr Index steps = 1 << 16;
+  volatile std::uint32_t seed = 0x3F7F3F7Fu;  // the pair (0.996, 0.996), not a constant the compiler could fold
+  const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int>(seed));
+  const __m512bh b = (__m512bh)_mm512_set1_epi32(static_cast<int>(seed) ^ 0x00010001);
+  __m512 acc[chains];
+  detail::micro::unroll<chains>([&](auto c) { acc[c] = _mm512_set1_ps(static_cast<float>(c)); });
+  timed(state, 4.0 * chains * 16 * steps, 1.0, [&] {
+    for (Index step = 0; step < steps; ++step)
+      detail::micro::unroll<chains>([&](auto c) { acc[c] = _mm512_dpbf16_ps(acc[c], a, b); });
+    benchmark::DoNotOptimize(acc);
+  });
+}
+#endif
+
 void BM_mha_forward_backward(benchmark::State& state) {
   const Index n = state.range(0);
   set_threads(static_cast<int>(state.range(1)));
@@ -272,6 +294,9 @@ void gemm_args(benchmark::internal::Benchmark* b, int64_t max_n) {
 }
 
 BENCHMARK(BM_fma_peak)->MeasureProcessCPUTime();
+#if SELFATTN_BF16_DOT
+BENCHMARK(BM_bf16_dot_peak)->MeasureProcessCPUTime();
+#endif
 BENCHMARK(BM_fused_forward)->Apply([](auto* b) { attention_args(b, 16384); });
 BENCHMARK(BM_reference_forward)->Apply([](auto* b) { attention_args(b, 4096); });  // holds N^2 scores per head
 BENCHMARK(BM_fused_forward_bf16)->Apply([](auto* b) { attention_args(b, 4096); });

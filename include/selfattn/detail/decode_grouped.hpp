@@ -1,5 +1,6 @@
 // selfattn/detail/decode_grouped.hpp — the grouped decode path: every query row that shares a key/value head,
-// against one chunk of that head's keys, without copying the keys or values anywhere. Chunks, merge: decode.hpp.
+// against one chunk of that head's keys, without copying keys or values of T anywhere (16-bit ones are widened a
+// chunk at a time, GroupedDecode). Chunks, merge: decode.hpp.
 //
 // Grouped-query decoding has G = H / Hkv query heads (times the Lq rows of the step) per key/value head. Each key
 // and value row serves all R = G * Lq of them, so the step does 4 R D flops per key row of 2 D elements: for
@@ -28,6 +29,7 @@
 #include <selfattn/detail/params.hpp>
 #include <selfattn/detail/simd.hpp>
 #include <selfattn/detail/softmax.hpp>
+#include <selfattn/detail/widen.hpp>
 #include <selfattn/tensor.hpp>
 
 #include <Eigen/Core>
@@ -66,19 +68,27 @@ struct GroupedQueries {
   bool alibi = false;        ///< whether s_ij -= slope * |diagonal - j|
 };
 
-/// Lanes [v0, v0 + NV packets) of the grouped kernel over the keys [lo, hi) of a chunk. chunk.masked: some row
-/// does not see every key of [lo, hi) (check key ranges, skip zero probabilities). KV: the storage type of keys
-/// and values, widened element by element as the micro-kernel broadcasts them.
+/// The rows of one chunk the products read: key lo at keys (row stride ldk), value lo at values (row stride ldv).
+/// The cache's own rows for keys and values of T; for 16-bit ones, their copy widened into the thread's scratch.
+template <typename T>
+struct ChunkRows {
+  const T* keys;
+  Index ldk;
+  const T* values;
+  Index ldv;
+};
+
+/// Lanes [v0, v0 + NV packets) of the grouped kernel over the keys [lo, hi) of a chunk, read from `rows`; the
+/// prefetchers read ahead in the cache itself (chunk, of storage type KV). chunk.masked: some row does not see
+/// every key of [lo, hi) (check key ranges, skip zero probabilities).
 template <typename T, int NV, typename KV>
-void grouped_lanes(const GroupedQueries<T>& q, Index v0, const DecodeChunk<KV>& chunk, Index value_dim, T* scores,
-                   const DecodePartial<T>& part) {
+void grouped_lanes(const GroupedQueries<T>& q, Index v0, const DecodeChunk<KV>& chunk, const ChunkRows<T>& rows,
+                   Index value_dim, T* scores, const DecodePartial<T>& part) {
   using namespace Eigen::internal;
   using P = Packet<T>;
   constexpr Index ps = packet_size<T>;
   constexpr int MR = grouped_tile<NV>;
-  const KV* k = chunk.k;
-  const KV* v = chunk.v;
-  const Index ldk = chunk.ldk, ldv = chunk.ldv, lo = chunk.lo, hi = chunk.hi, lanes = q.lanes, n = hi - lo;
+  const Index lo = chunk.lo, hi = chunk.hi, lanes = q.lanes, n = hi - lo;
   const bool masked = chunk.masked;
   const P minus_infinity = pset1<P>(-std::numeric_limits<T>::infinity());
   const T* qt = q.qt.data() + v0 * ps;
@@ -91,8 +101,8 @@ void grouped_lanes(const GroupedQueries<T>& q, Index v0, const DecodeChunk<KV>& 
   using Prefetcher = LinePrefetcher<KV, grouped_prefetch_period>;
   Prefetcher next_keys, next_values;
   if (v0 == 0) {
-    next_keys = Prefetcher(k, ldk, q.depth, hi, chunk.next_end);
-    next_values = Prefetcher(v, ldv, value_dim, hi, chunk.next_end);
+    next_keys = Prefetcher(chunk.k, chunk.ldk, q.depth, hi, chunk.next_end);
+    next_values = Prefetcher(chunk.v, chunk.ldv, value_dim, hi, chunk.next_end);
   }
 
   // Pass 1. s_rj = scale q_r . k_j (+ ALiBi, -inf where masked) for the keys of the chunk, and the row maxima.
@@ -108,8 +118,8 @@ void grouped_lanes(const GroupedQueries<T>& q, Index v0, const DecodeChunk<KV>& 
   for_each_tile<MR>(n, [&](auto tile, Index j0) SELFATTN_INLINE_LAMBDA {
     constexpr int M = decltype(tile)::value;
     P acc[M][NV];
-    // A(m, d) = k_{lo + j0 + m}[d] read in place (row stride ldk); B(d, lanes) = q^T.
-    micro_kernel<T, M, NV, false>(q.depth, k + (lo + j0) * ldk, ldk, 1, qt, lanes, acc, next_keys);
+    // A(m, d) = k_{lo + j0 + m}[d] (row stride ldk); B(d, lanes) = q^T.
+    micro_kernel<T, M, NV, false>(q.depth, rows.keys + j0 * rows.ldk, rows.ldk, 1, qt, lanes, acc, next_keys);
     unroll<M>([&](auto m) {
       const P key = pset1<P>(static_cast<T>(lo + j0 + m));
       unroll<NV>([&](auto w) {
@@ -149,7 +159,7 @@ void grouped_lanes(const GroupedQueries<T>& q, Index v0, const DecodeChunk<KV>& 
     for_each_tile<MR>(value_dim, [&](auto tile, Index e0) SELFATTN_INLINE_LAMBDA {
       constexpr int M = decltype(tile)::value;
       P acc[M][NV];
-      micro_kernel<T, M, NV, decltype(safe)::value>(n, v + lo * ldv + e0, 1, ldv, st, lanes, acc, next_values);
+      micro_kernel<T, M, NV, decltype(safe)::value>(n, rows.values + e0, 1, rows.ldv, st, lanes, acc, next_values);
       unroll<M>([&](auto m) {
         unroll<NV>([&](auto w) { pstoreu(part.acc + (e0 + m) * lanes + (v0 + w) * ps, acc[m][w]); });
       });
@@ -161,14 +171,20 @@ void grouped_lanes(const GroupedQueries<T>& q, Index v0, const DecodeChunk<KV>& 
 }  // namespace micro
 
 /// The grouped path as decode.hpp's driver runs it: R = G * Lq rows in SIMD lanes, K and V read in place once
-/// per chunk. Partials are lane-major: acc (Dv, lanes). KV: the storage type of keys and values.
+/// per chunk. Partials are lane-major: acc (Dv, lanes). KV: the storage type of keys and values; 16-bit ones are
+/// widened a chunk at a time into the thread's scratch (one conversion per element, where broadcasting a 16-bit
+/// element costs one per multiply-add: measured 0.67x the float cache's speed at G = 16 before this copy).
 template <typename T, typename KV = T>
 struct GroupedDecode {
   using Queries = micro::GroupedQueries<T>;
+  static constexpr bool widens = !std::is_same_v<KV, T>;
 
   static Index lanes(Index rows) { return ceil_div(rows, micro::packet_size<T>) * micro::packet_size<T>; }
   static constexpr bool lane_major = true;
-  static Index scratch_size(Index lane_count, Index, Index) { return decode_chunk * lane_count; }
+  /// The scores (chunk x lanes) and, for a 16-bit KV, the chunk's keys and values widened (chunk x (D + Dv)).
+  static Index scratch_size(Index lane_count, Index head_dim, Index value_dim) {
+    return decode_chunk * lane_count + (widens ? decode_chunk * (head_dim + value_dim) : 0);
+  }
 
   /// Lays out the rows' queries in q, within the capacity of its buffers.
   static void prepare(const AttentionParams<T, KV>& p, const DecodeRows<T>& rows, Queries& q) {
@@ -198,13 +214,25 @@ struct GroupedDecode {
   static void chunk(const Queries& q, const DecodeRows<T>&, const AttentionParams<T, KV>&, const DecodeChunk<KV>& chunk,
                     Index value_dim, T* scratch, const DecodePartial<T>& part) {
     constexpr Index ps = micro::packet_size<T>;
-    const Index packets = q.lanes / ps;
+    const Index packets = q.lanes / ps, n = chunk.hi - chunk.lo;
+    const KV* keys = chunk.k + chunk.lo * chunk.ldk;
+    const KV* values = chunk.v + chunk.lo * chunk.ldv;
+    micro::ChunkRows<T> rows;
+    if constexpr (widens) {  // after the scores in scratch
+      T* k_wide = scratch + decode_chunk * q.lanes;
+      T* v_wide = k_wide + n * q.depth;
+      micro::widen_rows(keys, chunk.ldk, n, q.depth, k_wide);
+      micro::widen_rows(values, chunk.ldv, n, value_dim, v_wide);
+      rows = {k_wide, q.depth, v_wide, value_dim};
+    } else {
+      rows = {keys, chunk.ldk, values, chunk.ldv};
+    }
     for (Index v0 = 0; v0 < packets; v0 += micro::micro_packets) {
       switch (std::min<Index>(micro::micro_packets, packets - v0)) {
-        case 1: micro::grouped_lanes<T, 1, KV>(q, v0, chunk, value_dim, scratch, part); break;
-        case 2: micro::grouped_lanes<T, 2, KV>(q, v0, chunk, value_dim, scratch, part); break;
-        case 3: micro::grouped_lanes<T, 3, KV>(q, v0, chunk, value_dim, scratch, part); break;
-        default: micro::grouped_lanes<T, 4, KV>(q, v0, chunk, value_dim, scratch, part); break;
+        case 1: micro::grouped_lanes<T, 1, KV>(q, v0, chunk, rows, value_dim, scratch, part); break;
+        case 2: micro::grouped_lanes<T, 2, KV>(q, v0, chunk, rows, value_dim, scratch, part); break;
+        case 3: micro::grouped_lanes<T, 3, KV>(q, v0, chunk, rows, value_dim, scratch, part); break;
+        default: micro::grouped_lanes<T, 4, KV>(q, v0, chunk, rows, value_dim, scratch, part); break;
       }
     }
   }

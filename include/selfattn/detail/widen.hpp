@@ -1,5 +1,5 @@
 // selfattn/detail/widen.hpp — packets of float read straight from 16-bit storage, for the kernels that read a
-// bfloat16 or float16 KV cache in place (decode_streaming.hpp, decode_grouped.hpp through microkernels.hpp).
+// bfloat16 or float16 KV cache in place (decode_streaming.hpp) or widen it a chunk at a time (decode_grouped.hpp).
 //
 // A bfloat16 is the upper half of a float: widening is a zero-extension and a 16-bit shift (SSE2: one unpack
 // with zeros). A float16 needs the F16C conversion (vcvtph2ps) when the target has it; without F16C (or without
@@ -63,6 +63,20 @@ EIGEN_ALWAYS_INLINE Packet<T> load_widened(const S* x) {
     alignas(64) T lanes[ps];
     for (Index i = 0; i < ps; ++i) lanes[i] = widen<T>(x[i]);
     return Eigen::internal::pload<P>(lanes);
+  }
+}
+
+/// The (rows, cols) elements of x (row stride ld) converted exactly to T into the contiguous (rows, cols) y, a packet
+/// at a time (the decode paths that widen a chunk of a 16-bit cache before their products).
+template <typename T, typename S>
+void widen_rows(const S* x, Index ld, Index rows, Index cols, T* y) {
+  constexpr Index ps = packet_size<T>;
+  for (Index r = 0; r < rows; ++r) {
+    const S* from = x + r * ld;
+    T* to = y + r * cols;
+    Index c = 0;
+    for (; c + ps <= cols; c += ps) Eigen::internal::pstoreu(to + c, load_widened<T>(from + c));
+    for (; c < cols; ++c) to[c] = widen<T>(from[c]);
   }
 }
 
