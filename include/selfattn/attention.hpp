@@ -377,7 +377,7 @@ void run_forward_half(const TensorView<const S, 4>& q, const TensorView<const S,
   const AttentionParams<float, S> params = make_stored_params<float, S>(query, k, v, opts);
   const ForwardOutputs<float> outputs{wide_out, lse, weights};
   if (!run_forward_bf16_dot(params, opts, outputs, workspace)) run_forward_stored(params, opts, outputs, workspace);
-  convert_view<float, S, 4>(wide_out, out);
+  convert_planes<float, S>(wide_out, out);
 }
 
 /// sdpa_forward on 16-bit views: validate, allocate, run.

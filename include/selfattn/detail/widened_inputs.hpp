@@ -4,8 +4,11 @@
 #pragma once
 
 #include <selfattn/detail/simd.hpp>
+#include <selfattn/detail/threads.hpp>
 #include <selfattn/half_precision.hpp>
 #include <selfattn/tensor.hpp>
+
+#include <array>
 
 namespace selfattn::detail {
 
@@ -27,11 +30,35 @@ TensorView<T, Rank> take_buffer(micro::Buffer<T>& buffer, const std::array<Index
   return TensorView<T, Rank>(buffer.data(), shape);
 }
 
+/// destination = source converted element by element (convert_view), the (batch, head) planes shared among the
+/// threads when there are many elements: the widening of a 16-bit call's q and the rounding of its out would
+/// otherwise run on one thread beside kernels that run on all.
+template <typename From, typename To>
+void convert_planes(const TensorView<const From, 4>& source, const TensorView<To, 4>& destination) {
+  const Index heads = source.dim(1), planes = source.dim(0) * heads;
+  [[maybe_unused]] const int threads = threads_for(static_cast<double>(source.size()), planes);
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+#endif
+  for (Index plane = 0; plane < planes; ++plane) {
+    const Index b = plane / heads, h = plane % heads;
+    const std::array<Index, 2> shape{source.dim(2), source.dim(3)};
+    const TensorView<const From, 2> from(source.data() + b * source.stride(0) + h * source.stride(1), shape,
+                                         {source.stride(2), source.stride(3)});
+    const TensorView<To, 2> to(destination.data() + b * destination.stride(0) + h * destination.stride(1), shape,
+                               {destination.stride(2), destination.stride(3)});
+    convert_view<From, To, 2>(from, to);
+  }
+}
+
 /// x converted exactly to T, contiguous, in buffer.
 template <typename T, typename S, int Rank>
 TensorView<T, Rank> widen_into(const TensorView<const S, Rank>& x, micro::Buffer<T>& buffer) {
   const TensorView<T, Rank> wide = take_buffer<T, Rank>(buffer, x.shape());
-  convert_view<S, T, Rank>(x, wide);
+  if constexpr (Rank == 4)
+    convert_planes<S, T>(x, wide);
+  else
+    convert_view<S, T, Rank>(x, wide);
   return wide;
 }
 
