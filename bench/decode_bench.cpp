@@ -9,6 +9,7 @@
 //                             GB/s count the 16-bit bytes actually read)
 //   BM_decode_step/N          MultiHeadAttention::step of one token over a cache of N tokens (E = 1024)
 //   BM_decode_step_bf16/N     the same over a bfloat16 cache (tokens/s: the figure to compare with the float cache)
+//   BM_decode_step_bf16_weights/N  the same with bfloat16 projection weights too (step_into_with, params_cast)
 //   BM_recompute/N            the same token by a full causal forward over all N tokens (no cache)
 //
 // The figure of merit is BM_decode_kernel's bytes_per_second over BM_triad's for the same N/H/Hkv.
@@ -115,12 +116,14 @@ selfattn::MultiHeadAttention<float> decoder(Index heads, Index kv_heads) {
 
 // One token through the module (projections, RoPE, append, attention) over a cache of N tokens stored as S, which
 // is truncated back to N after each step (so every iteration reads N + 1 keys and values, and the cache holds N + 1
-// slots). step_into: the cache's buffers, no allocation per token.
-template <typename S = float>
+// slots). step_into: the cache's buffers, no allocation per token. W: the storage type of the projections'
+// parameters (float: params(); 16-bit: params_cast of them, through step_into_with).
+template <typename S = float, typename W = float>
 void decode_step(benchmark::State& state) {
   use_threads(state, 1);
   const Index keys = state.range(0);
   const auto mha = decoder(8, 8);
+  const selfattn::MhaParams<W> weights = selfattn::params_cast<W>(mha.params());
   auto cache = mha.make_cache<S>(1, selfattn::CachePolicy::keep_all(keys + 1));
   // Keys and values appended directly: a prefill through step would cost O(N^2) per repetition and read the same.
   const Index chunk = 1024;
@@ -131,7 +134,7 @@ void decode_step(benchmark::State& state) {
   const auto token = filled<3>({1, 1, 8 * head_dim});
   Tensor<float, 3> output({1, 1, 8 * head_dim});
   for (auto _ : state) {
-    mha.step_into(token, cache, output.view());
+    mha.step_into_with(weights, token, cache, output.view());
     benchmark::DoNotOptimize(output.data());
     benchmark::ClobberMemory();
     cache.truncate(0, keys);
@@ -143,6 +146,7 @@ void decode_step(benchmark::State& state) {
 void BM_decode_step(benchmark::State& state) { decode_step<float>(state); }
 void BM_decode_step_bf16(benchmark::State& state) { decode_step<selfattn::bfloat16>(state); }
 void BM_decode_step_f16(benchmark::State& state) { decode_step<selfattn::float16>(state); }
+void BM_decode_step_bf16_weights(benchmark::State& state) { decode_step<selfattn::bfloat16, selfattn::bfloat16>(state); }
 
 // The same token without a cache: a causal forward over the whole sequence, O(N^2) per generated token.
 void BM_recompute(benchmark::State& state) {
@@ -178,5 +182,6 @@ BENCHMARK(BM_decode_kernel_f16)->Apply(decode_shapes)->UseRealTime()->Unit(bench
 BENCHMARK(BM_decode_step)->Apply(step_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_decode_step_bf16)->Apply(step_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_decode_step_f16)->Apply(step_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_decode_step_bf16_weights)->Apply(step_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_recompute)->ArgNames({"", "threads"})->Args({128, 1})->Args({512, 1})->Args({2048, 1})
     ->UseRealTime()->Unit(benchmark::kMillisecond);

@@ -401,6 +401,81 @@ TEST(HalfPrecisionBf16Fused, ValuesWithInfOrNaNTakeTheFloatKernel) {
     ASSERT_EQ(bits_of(half.out.data()[n]), bits_of(wide.data()[n])) << "element " << n;
 }
 
+// linear_into_stored with 16-bit weights and biases: a few rows (a decode step) read them in place, a packet at a
+// time (the SIMD widening in the native build), within float rounding of linear_into on the widened weights; 16
+// rows or more widen them once and run the same GEMM: bitwise. Strided rows (a batch with spare rows), In that is
+// and is not a whole number of packets, with and without a bias.
+TYPED_TEST(HalfPrecisionTest, LinearReadsSixteenBitWeights) {
+  using S = TypeParam;
+  Random random(21);
+  for (Index rows : {1, 2, 5, 15, 16, 33})
+    for (Index in : {1, 37, 64, 130})
+      for (bool with_bias : {false, true}) {
+        const Index out_features = 19, batch = 2, length = (rows + 1) / 2;
+        const Tensor<float, 3> x_plane = random.normal_tensor<float, 3>({batch, length + 1, in});
+        const TensorView<const float, 3> x(x_plane.data(), {batch, length, in}, x_plane.strides());
+        const Tensor<S, 2> weight = tensor_cast<S>(random.normal_tensor<float, 2>({out_features, in}));
+        const Tensor<S, 1> bias = with_bias ? tensor_cast<S>(random.normal_tensor<float, 1>({out_features})) : Tensor<S, 1>();
+        const Tensor<float, 2> weight_wide = tensor_cast<float>(weight);
+        const Tensor<float, 1> bias_wide = tensor_cast<float>(bias);
+        Tensor<float, 3> y({batch, length, out_features}), expected({batch, length, out_features});
+        detail::StackedProjection<float> scratch;
+        detail::linear_into_stored<float, S>(x, weight.view(), bias.view(), y.view(), scratch);
+        detail::linear_into<float>(x, weight_wide.view(), bias_wide.view(), expected.view());
+        const std::string where = "rows " + std::to_string(batch * length) + " in " + std::to_string(in);
+        if (batch * length >= detail::fused_projection_min_rows) {
+          for (Index n = 0; n < y.size(); ++n) ASSERT_EQ(y.data()[n], expected.data()[n]) << where << " element " << n;
+        } else {
+          ASSERT_TRUE(test::all_close(y, expected, 1e-5)) << where;
+        }
+      }
+}
+
+// MultiHeadAttention::step_with on 16-bit parameters (params_cast) equals step_with on float parameters holding the
+// same values, to float rounding: a prompt of 20 rows (the widened GEMM), then single tokens for two sequences (the
+// in-place products), GQA, biases, RoPE, over a float and a 16-bit cache; step_into_with writes bitwise what
+// step_with returns; the parameters are the argument's (another module's params() never enter); wrong shapes name
+// the tensor before the cache changes.
+TYPED_TEST(HalfPrecisionTest, ModuleStepsWithSixteenBitParameters) {
+  using S = TypeParam;
+  MultiHeadAttentionConfig cfg;
+  cfg.embed_dim = 48;
+  cfg.num_heads = 4;
+  cfg.num_kv_heads = 2;
+  cfg.rope_dim = 12;
+  const MultiHeadAttention<float> source(cfg, 7), other(cfg, 8);
+  const MhaParams<S> half = params_cast<S>(source.params());
+  const MhaParams<float> wide = params_cast<float>(half);
+  EXPECT_EQ(half.q_bias.size(), 48);
+  Random random(9);
+  KVCache<float, S> cache_half = other.make_cache<S>(2), cache_wide = other.make_cache<S>(2);
+  KVCache<float, S> cache_into = other.make_cache<S>(2);
+  KVCache<float> float_cache_half = other.make_cache(2), float_cache_wide = other.make_cache(2);
+  const Tensor<float, 3> prompt = random.normal_tensor<float, 3>({2, 10, 48});  // 20 rows
+  EXPECT_TRUE(test::all_close(other.step_with(half, prompt, cache_half), source.step_with(wide, prompt, cache_wide), 1e-5));
+  other.step_with(half, prompt, cache_into);
+  EXPECT_TRUE(test::all_close(other.step_with(half, prompt, float_cache_half),
+                              source.step_with(wide, prompt, float_cache_wide), 1e-5));
+  for (int t = 0; t < 4; ++t) {
+    const Tensor<float, 3> token = random.normal_tensor<float, 3>({2, 1, 48});
+    const Tensor<float, 3> expected = source.step_with(wide, token, cache_wide);
+    Tensor<float, 3> into({2, 1, 48});
+    other.step_into_with(half, token, cache_into, into.view());
+    const Tensor<float, 3> got = other.step_with(half, token, cache_half);
+    EXPECT_TRUE(test::all_close(got, expected, 1e-5)) << "step " << t;
+    for (Index n = 0; n < got.size(); ++n) ASSERT_EQ(into.data()[n], got.data()[n]) << "step " << t;
+    EXPECT_TRUE(test::all_close(other.step_with(half, token, float_cache_half),
+                                source.step_with(wide, token, float_cache_wide), 1e-5))
+        << "step " << t;
+  }
+  MhaParams<S> wrong = half;
+  wrong.k_weight = Tensor<S, 2>({24, 47});
+  const std::vector<Index> lengths = cache_half.lengths();
+  test::expect_error<ShapeError>([&] { other.step_with(wrong, random.normal_tensor<float, 3>({2, 1, 48}), cache_half); },
+                                 {"MultiHeadAttention::step", "k_weight", "(24, 47)"});
+  EXPECT_EQ(cache_half.lengths(), lengths);
+}
+
 #if SELFATTN_BF16_DOT
 // round_to_pairs: two packets of float rounded to bfloat16 (to nearest, ties to even, as Eigen's conversion; a
 // subnormal to a zero of its sign, as the instruction does) and interleaved first/second, on random floats, exact

@@ -5,7 +5,9 @@
 /// Shapes: x (B, L, In), W (Out, In), b (Out) or absent -> y (B, L, Out).
 #pragma once
 
+#include <selfattn/detail/linear_widened.hpp>
 #include <selfattn/errors.hpp>
+#include <selfattn/half_precision.hpp>
 #include <selfattn/tensor.hpp>
 
 #include <array>
@@ -124,11 +126,44 @@ struct StackedProjection {
   Eigen::Matrix<T, Eigen::Dynamic, 1> bias;
 };
 
+/// linear_into with W (Out, In) and b (Out) or empty stored as W: T (linear_into itself), or 16 bits with x and y in
+/// T = float. With 16-bit weights a few rows (fewer than fused_projection_min_rows: a decode step) read W in place
+/// (linear_few_rows, bound by memory: half the bytes); more rows widen W and b once into `scratch` and run the GEMM.
+template <typename T, typename W>
+void linear_into_stored(const TensorView<const T, 3>& x, const TensorView<const W, 2>& weight,
+                        const TensorView<const W, 1>& bias, const TensorView<T, 3>& y, StackedProjection<T>& scratch) {
+  if constexpr (std::is_same_v<W, T>) {
+    linear_into(x, weight, bias, y);
+  } else {
+    static_assert(std::is_same_v<T, float> && is_half_width_v<W>, "16-bit weights project float activations");
+    const Index rows = x.dim(0) * x.dim(1);
+    if (rows == 0) return;
+    if (rows < fused_projection_min_rows) {
+      std::array<const T*, few_rows_max> x_rows{};
+      std::array<T*, few_rows_max> y_rows{};
+      for (Index r = 0; r < rows; ++r) {
+        const Index b = r / x.dim(1), l = r % x.dim(1);
+        x_rows[static_cast<std::size_t>(r)] = x.data() + b * x.stride(0) + l * x.stride(1);
+        y_rows[static_cast<std::size_t>(r)] = y.data() + b * y.stride(0) + l * y.stride(1);
+      }
+      linear_few_rows<T, W>(x_rows, y_rows, rows, x.dim(2), weight, bias);
+      return;
+    }
+    scratch.weight.resize(weight.dim(0), weight.dim(1));
+    convert_view<W, T, 2>(weight, TensorView<T, 2>(scratch.weight.data(), weight.shape()));
+    scratch.bias.resize(bias.size());
+    if (!bias.empty()) convert_view<W, T, 1>(bias, TensorView<T, 1>(scratch.bias.data(), bias.shape()));
+    linear_into<T>(x, TensorView<const T, 2>(scratch.weight.data(), weight.shape()),
+                   bias.empty() ? TensorView<const T, 1>() : TensorView<const T, 1>(scratch.bias.data(), bias.shape()), y);
+  }
+}
+
 /// fused_qkv_projection into y (B, L, Out_q + Out_k + Out_v), contiguous in its last two dimensions as the
-/// allocating form's result is; the stacked weights live in `stacked`.
-template <typename T>
-void fused_qkv_projection_into(const TensorView<const T, 3>& x, const std::array<TensorView<const T, 2>, 3>& weights,
-                               const std::array<TensorView<const T, 1>, 3>& biases, const TensorView<T, 3>& y,
+/// allocating form's result is; the stacked weights live in `stacked`. Weights and biases stored as W: T, or 16 bits
+/// (widened as they are stacked; read in place by linear_into_stored for a few rows).
+template <typename T, typename W = T>
+void fused_qkv_projection_into(const TensorView<const T, 3>& x, const std::array<TensorView<const W, 2>, 3>& weights,
+                               const std::array<TensorView<const W, 1>, 3>& biases, const TensorView<T, 3>& y,
                                StackedProjection<T>& stacked) {
   if (y.empty()) return;  // no rows (B = 0 or L = 0): nothing to write, and y.data() may be null
   const Index outputs = weights[0].dim(0) + weights[1].dim(0) + weights[2].dim(0);
@@ -136,7 +171,7 @@ void fused_qkv_projection_into(const TensorView<const T, 3>& x, const std::array
     Index column = 0;
     for (std::size_t m = 0; m < 3; ++m) {
       const TensorView<T, 3> block(y.data() + column, {x.dim(0), x.dim(1), weights[m].dim(0)}, y.strides());
-      linear_into(x, weights[m], biases[m], block);
+      linear_into_stored<T, W>(x, weights[m], biases[m], block, stacked);
       column += weights[m].dim(0);
     }
     return;
@@ -147,8 +182,8 @@ void fused_qkv_projection_into(const TensorView<const T, 3>& x, const std::array
   stacked.bias.setZero(has_bias ? outputs : 0);
   Index row = 0;
   for (std::size_t m = 0; m < 3; ++m) {
-    stacked.weight.middleRows(row, weights[m].dim(0)) = as_matrix(weights[m]);
-    if (!biases[m].empty()) stacked.bias.segment(row, weights[m].dim(0)) = as_vector(biases[m]);
+    stacked.weight.middleRows(row, weights[m].dim(0)) = as_matrix(weights[m]).template cast<T>();
+    if (!biases[m].empty()) stacked.bias.segment(row, weights[m].dim(0)) = as_vector(biases[m]).template cast<T>();
     row += weights[m].dim(0);
   }
   const TensorView<const T, 2> w(stacked.weight.data(), {outputs, x.dim(2)});

@@ -11,6 +11,7 @@
 
 #include <selfattn/attention.hpp>
 #include <selfattn/errors.hpp>
+#include <selfattn/half_precision.hpp>
 #include <selfattn/heads.hpp>
 #include <selfattn/nn/kv_cache.hpp>
 #include <selfattn/nn/module_input.hpp>
@@ -89,6 +90,16 @@ struct MhaParams {
   /// (E), or empty when the module has no biases (PyTorch's out_proj.bias).
   Tensor<T, 1> q_bias, k_bias, v_bias, out_bias;
 };
+
+/// \brief The parameters with every tensor converted to `To` (tensor_cast: to 16 bits rounded to nearest even; empty
+/// biases stay empty): `params_cast<bfloat16>(mha.params())` is what MultiHeadAttention::step_with's 16-bit
+/// overload reads.
+template <typename To, typename T>
+MhaParams<To> params_cast(const MhaParams<T>& p) {
+  const auto cast = [](const auto& x) { return tensor_cast<To>(x); };
+  return MhaParams<To>{cast(p.q_weight), cast(p.k_weight), cast(p.v_weight), cast(p.out_weight),
+                       cast(p.q_bias),   cast(p.k_bias),   cast(p.v_bias),   cast(p.out_bias)};
+}
 
 namespace detail {
 
@@ -415,6 +426,42 @@ class MultiHeadAttention {
       return {};
   }
 
+  /// \brief step with 16-bit parameters (P = bfloat16 or float16, the module float): inference over a KV cache
+  /// with the projection weights and biases read in 16 bits (`params_cast<bfloat16>(mha.params())` makes them).
+  ///
+  /// Activations, RoPE, attention and the sums of the projections are float, as in step; a decode step reads each
+  /// weight once, in place, widening it in registers (half the bytes of float weights); a prompt of 16 rows or more
+  /// widens the weights once and runs float GEMMs. Shapes, checks and errors as step (the parameters' shapes checked
+  /// like params()'s). The output equals step_with on the float parameters holding the same values, to float
+  /// rounding (the few-row products sum in another order). half_precision.md.
+  /// \code
+  /// const MhaParams<bfloat16> weights = params_cast<bfloat16>(mha.params());
+  /// auto cache = mha.make_cache<bfloat16>(1);      // a 16-bit cache too: every byte a step reads is 16-bit
+  /// Tensor<float, 3> y = mha.step_with(weights, prompt, cache);
+  /// y = mha.step_with(weights, next_token, cache);
+  /// \endcode
+  template <typename P, typename X, typename S, std::enable_if_t<is_half_width_v<P>, int> = 0>
+  Tensor<T, 3> step_with(const MhaParams<P>& parameters, const X& x_new, KVCache<T, S>& cache,
+                         const AttentionOptions<T>& opts = {}, const std::vector<Index>& new_tokens = {}) const {
+    static_assert(std::is_same_v<T, float>, "MultiHeadAttention: 16-bit parameters run in a float module");
+    if constexpr (detail::check_module_arguments<T, X>())
+      return step_views_with<S, P>(parameters, detail::const_view(x_new), cache, opts, new_tokens);
+    else
+      return {};
+  }
+
+  /// step_into(x_new, cache, output, opts, new_tokens) with `parameters` (of T, or 16-bit as for step_with) in place
+  /// of params(): after the first step of a shape, no allocation.
+  template <typename P, typename X, typename S>
+  void step_into_with(const MhaParams<P>& parameters, const X& x_new, KVCache<T, S>& cache,
+                      const TensorView<T, 3>& output, const AttentionOptions<T>& opts = {},
+                      const std::vector<Index>& new_tokens = {}) const {
+    static_assert(std::is_same_v<P, T> || (std::is_same_v<T, float> && is_half_width_v<P>),
+                  "MultiHeadAttention: parameters of the module's type, or 16-bit ones in a float module");
+    if constexpr (detail::check_module_arguments<T, X>())
+      step_into_views_with<S, P>(parameters, detail::const_view(x_new), cache, output, opts, new_tokens);
+  }
+
  private:
   MhaGradients<T> backward_views(const MhaParams<T>& parameters, const TensorView<const T, 3>& dy, const MhaForward<T>& f) const {
     if (!f.heads) detail::throw_invalid(backward_name, "fwd", "is not the result of a forward call");
@@ -527,14 +574,15 @@ class MultiHeadAttention {
   }
 
   /// params() is writable: check its shapes are still the configured ones.
-  void check_params(const MhaParams<T>& parameters, const char* function) const {
+  template <typename P>
+  void check_params(const MhaParams<P>& parameters, const char* function) const {
     const Index e = config_.embed_dim, kv = config_.num_kv_heads * head_dim_;
     detail::check_shape<2>(function, "params().q_weight", parameters.q_weight.shape(), {e, e});
     detail::check_shape<2>(function, "params().k_weight", parameters.k_weight.shape(), {kv, config_.kdim});
     detail::check_shape<2>(function, "params().v_weight", parameters.v_weight.shape(), {kv, config_.vdim});
     detail::check_shape<2>(function, "params().out_weight", parameters.out_weight.shape(), {e, e});
     const std::array<Index, 1> no_bias{0};
-    const auto check_bias = [&](const char* name, const Tensor<T, 1>& b, Index n) {
+    const auto check_bias = [&](const char* name, const Tensor<P, 1>& b, Index n) {
       detail::check_shape<1>(function, name, b.shape(), config_.bias ? std::array<Index, 1>{n} : no_bias);
     };
     check_bias("params().q_bias", parameters.q_bias, e);
@@ -553,9 +601,10 @@ class MultiHeadAttention {
   Index projection_width() const { return config_.embed_dim + 2 * config_.num_kv_heads * head_dim_; }
 
   /// The self-attention projection of x into qkv (B, L, E + 2 Hkv Dh): one GEMM, or three for a few rows.
-  void project_self_into(const MhaParams<T>& parameters, const TensorView<const T, 3>& x, const TensorView<T, 3>& qkv,
+  template <typename P>
+  void project_self_into(const MhaParams<P>& parameters, const TensorView<const T, 3>& x, const TensorView<T, 3>& qkv,
                          detail::StackedProjection<T>& stacked) const {
-    detail::fused_qkv_projection_into<T>(x, {parameters.q_weight.view(), parameters.k_weight.view(), parameters.v_weight.view()},
+    detail::fused_qkv_projection_into<T, P>(x, {parameters.q_weight.view(), parameters.k_weight.view(), parameters.v_weight.view()},
                                          {parameters.q_bias.view(), parameters.k_bias.view(), parameters.v_bias.view()}, qkv,
                                          stacked);
   }
@@ -714,8 +763,8 @@ class MultiHeadAttention {
 
   /// Checks every argument of step before any work; returns the real new rows of each sequence.
   /// Fills `counts` (within its capacity) with the real new rows of each sequence.
-  template <typename S>
-  void validate_step(const MhaParams<T>& parameters, const char* function, const TensorView<const T, 3>& x, const KVCache<T, S>& cache,
+  template <typename S, typename P>
+  void validate_step(const MhaParams<P>& parameters, const char* function, const TensorView<const T, 3>& x, const KVCache<T, S>& cache,
                      const AttentionOptions<T>& opts, const std::vector<Index>& new_tokens,
                      std::vector<Index>& counts) const {
     if (config_.kdim != config_.embed_dim || config_.vdim != config_.embed_dim)
@@ -759,8 +808,8 @@ class MultiHeadAttention {
   /// The data walk of step, into `output` with every buffer in `ws`: project -> rotate at each sequence's next
   /// positions -> append to the cache -> attend over the cache's views (the public sdpa path) straight into the
   /// merged heads -> output projection. step allocates ws and output for the call; step_into passes the cache's.
-  template <typename S>
-  void step_core(const MhaParams<T>& parameters, const char* function, const TensorView<const T, 3>& x, KVCache<T, S>& cache,
+  template <typename S, typename P>
+  void step_core(const MhaParams<P>& parameters, const char* function, const TensorView<const T, 3>& x, KVCache<T, S>& cache,
                  const AttentionOptions<T>& opts, const std::vector<Index>& new_tokens, const TensorView<T, 3>& output,
                  MhaWorkspace<T>& ws) const {
     validate_step(parameters, function, x, cache, opts, new_tokens, ws.counts);
@@ -815,12 +864,20 @@ class MultiHeadAttention {
         for (Index b = 0; b < batch; ++b) cache.truncate(b, ws.lengths_before[static_cast<std::size_t>(b)]);
       throw;
     }
-    detail::linear_into<T>(merged, parameters.out_weight.view(), parameters.out_bias.view(), output);
+    detail::linear_into_stored<T, P>(merged, parameters.out_weight.view(), parameters.out_bias.view(), output,
+                                     ws.output_weights);
   }
 
   template <typename S>
   Tensor<T, 3> step_views(const MhaParams<T>& parameters, const TensorView<const T, 3>& x, KVCache<T, S>& cache, const AttentionOptions<T>& opts,
                           const std::vector<Index>& new_tokens) const {
+    return step_views_with<S, T>(parameters, x, cache, opts, new_tokens);
+  }
+
+  /// step_views with parameters stored as P: T, or 16 bits (step_with's 16-bit overload).
+  template <typename S, typename P>
+  Tensor<T, 3> step_views_with(const MhaParams<P>& parameters, const TensorView<const T, 3>& x, KVCache<T, S>& cache,
+                               const AttentionOptions<T>& opts, const std::vector<Index>& new_tokens) const {
     MhaWorkspace<T> ws;
     Tensor<T, 3> output;
     // The output's shape needs x checked first; step_core checks everything again (cheap) before any work.
@@ -835,6 +892,14 @@ class MultiHeadAttention {
   template <typename S>
   void step_into_views(const MhaParams<T>& parameters, const TensorView<const T, 3>& x, KVCache<T, S>& cache, const TensorView<T, 3>& output,
                        const AttentionOptions<T>& opts, const std::vector<Index>& new_tokens) const {
+    step_into_views_with<S, T>(parameters, x, cache, output, opts, new_tokens);
+  }
+
+  /// step_into_views with parameters stored as P: T, or 16 bits.
+  template <typename S, typename P>
+  void step_into_views_with(const MhaParams<P>& parameters, const TensorView<const T, 3>& x, KVCache<T, S>& cache,
+                            const TensorView<T, 3>& output, const AttentionOptions<T>& opts,
+                            const std::vector<Index>& new_tokens) const {
     detail::check_shape<3>(step_into_name, "x_new", x.shape(), {cache.batch(), detail::any_extent, config_.embed_dim});
     detail::check_shape<3>(step_into_name, "output", output.shape(), {x.dim(0), x.dim(1), config_.embed_dim});
     if (detail::overlaps_itself(output))
