@@ -15,7 +15,8 @@
 //   5. a float and a bfloat16 cache side by side at the size of a real model's layer (E = 1024, H = Hkv = 8,
 //      head dim 128, 32k cached tokens): tokens per second, cache memory (memory_bytes and the resident memory
 //      a 64k-token cache adds), and the largest difference between the two caches' outputs. Exit 1 unless the
-//      16-bit cache takes half the bytes and its outputs stay within bfloat16 rounding of the float cache's.
+//      16-bit cache takes half the bytes and its outputs stay within bfloat16 rounding of the float cache's; and
+//      with the projection weights in bfloat16 too (params_cast, step_into_with), every byte a step reads is 16-bit.
 //      `--quick` (what ctest runs): 4k cached tokens and an 8k-token cache measured, instead of 32k and 64k.
 // Latencies are medians over a few tokens (the machine may be busy with other work); they include the
 // embedding lookup, the step, the readout and the argmax.
@@ -301,6 +302,9 @@ bool compare_float_and_bfloat16_caches(Index cached_tokens, Index measured_token
   const CachePolicy policy = CachePolicy::keep_all(cached_tokens + timed);
   KVCache<float> wide = layer.make_cache(1, policy);
   KVCache<float, bfloat16> half = layer.make_cache<bfloat16>(1, policy);
+  // The third: a bfloat16 cache and bfloat16 projection weights (every byte a step reads is 16-bit).
+  KVCache<float, bfloat16> all_half = layer.make_cache<bfloat16>(1, policy);
+  const MhaParams<bfloat16> half_weights = params_cast<bfloat16>(layer.params());
   std::mt19937 random(5);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const Index chunk = 1024;
@@ -310,11 +314,13 @@ bool compare_float_and_bfloat16_caches(Index cached_tokens, Index measured_token
       for (Index n = 0; n < t->size(); ++n) t->data()[n] = normal(random);
     wide.append(0, keys, values);  // the float cache stores them as they are,
     half.append(0, keys, values);  // the bfloat16 cache rounds each once
+    all_half.append(0, keys, values);
   }
   // Tokens per second over the same new tokens, the two caches taking turns (a busy moment slows both alike).
   Tensor<float, 3> token({1, 1, big_embed}), out_wide({1, 1, big_embed}), out_half({1, 1, big_embed});
-  std::vector<double> wide_us, half_us;
-  double worst = 0, scale = 0;
+  Tensor<float, 3> out_all_half({1, 1, big_embed});
+  std::vector<double> wide_us, half_us, all_half_us;
+  double worst = 0, worst_all_half = 0, scale = 0;
   for (Index t = 0; t < timed; ++t) {
     for (Index n = 0; n < token.size(); ++n) token.data()[n] = normal(random);
     auto start = std::chrono::steady_clock::now();
@@ -323,12 +329,17 @@ bool compare_float_and_bfloat16_caches(Index cached_tokens, Index measured_token
     start = std::chrono::steady_clock::now();
     layer.step_into(token, half, out_half.view());
     half_us.push_back(microseconds_since(start));
+    start = std::chrono::steady_clock::now();
+    layer.step_into_with(half_weights, token, all_half, out_all_half.view());
+    all_half_us.push_back(microseconds_since(start));
     for (Index n = 0; n < out_wide.size(); ++n) {
       worst = std::max(worst, std::abs(static_cast<double>(out_half.data()[n]) - out_wide.data()[n]));
+      worst_all_half = std::max(worst_all_half, std::abs(static_cast<double>(out_all_half.data()[n]) - out_wide.data()[n]));
       scale = std::max(scale, std::abs(static_cast<double>(out_wide.data()[n])));
     }
   }
   const double wide_rate = 1e6 / median(wide_us), half_rate = 1e6 / median(half_us);
+  const double all_half_rate = 1e6 / median(all_half_us);
   const auto [wide_resident, wide_bytes] = cache_footprint<float>(layer, measured_tokens);
   const auto [half_resident, half_bytes] = cache_footprint<bfloat16>(layer, measured_tokens);
   const double mib = 1024.0 * 1024.0;
@@ -343,17 +354,27 @@ bool compare_float_and_bfloat16_caches(Index cached_tokens, Index measured_token
               wide_bytes / mib, wide_resident / mib);
   std::printf("%-10s | %10.1f | %14.1f | %22.1f | %24.1f\n", "bfloat16", half_rate, half.memory_bytes() / mib,
               half_bytes / mib, half_resident / mib);
+  std::printf("%-10s | %10.1f | %14.1f |  (a bfloat16 cache, and the projection weights in bfloat16 too)\n",
+              "+ weights", all_half_rate, all_half.memory_bytes() / mib);
   std::printf("bfloat16 / float: %.2fx the tokens per second, %.3fx the bytes (%td-token caches %.3fx resident)\n",
               half_rate / wide_rate, static_cast<double>(half.memory_bytes()) / wide.memory_bytes(),
               measured_tokens, half_resident / wide_resident);
+  std::printf("bfloat16 cache and weights / float: %.2fx the tokens per second (weights: %.1f MiB read per token, "
+              "against %.1f)\n", all_half_rate / wide_rate, 2.0 * 4 * big_embed * big_embed / mib,
+              4.0 * 4 * big_embed * big_embed / mib);
   // The cached keys and values are rounded to 8 significant bits: outputs (of order `scale`) move by a few
   // bfloat16 roundings at most, far below anything a model reads off them.
   const double allowed = 4.0 * std::ldexp(1.0, -8) * scale;
   std::printf("max |output difference| over the %td tokens: %.2e (largest |output| %.2f; allowed %.2e) %s\n", timed,
               worst, scale, allowed, worst <= allowed ? "(ok)" : "(FAILED)");
+  // Weights rounded to 8 significant bits move each projection by about a bfloat16 rounding of its output: the
+  // layer's output by a few more of them.
+  const double allowed_all_half = 2.0 * allowed;
+  std::printf("with bfloat16 weights too: max |output difference| %.2e (allowed %.2e) %s\n", worst_all_half,
+              allowed_all_half, worst_all_half <= allowed_all_half ? "(ok)" : "(FAILED)");
   const bool half_the_bytes = 2 * half.memory_bytes() == wide.memory_bytes() && 2 * half_bytes == wide_bytes;
   std::printf("the bfloat16 cache holds exactly half the bytes: %s\n", half_the_bytes ? "(ok)" : "(FAILED)");
-  return worst <= allowed && half_the_bytes;
+  return worst <= allowed && worst_all_half <= allowed_all_half && half_the_bytes;
 }
 
 }  // namespace
