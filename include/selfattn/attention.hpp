@@ -239,16 +239,22 @@ void run_forward(const AttentionParams<T>& p, const AttentionOptions<T>& opts, c
 }
 
 /// run_forward on keys and values stored as KV. With 16-bit keys and values the decode kernel reads them in place
-/// (the memory-bound case a 16-bit cache is for); the fused and reference kernels read T, so they get k and v
-/// widened once into the workspace: O(Lk D) extra memory, against O(Lq Lk D) arithmetic.
+/// (the memory-bound case a 16-bit cache is for) and the fused kernel widens one tile at a time (O(tile) memory);
+/// the reference kernel reads T, so it gets k and v widened once into the workspace: O(Lk D) extra memory, against
+/// its O(Lq Lk) scores.
 template <typename T, typename KV>
 void run_forward_stored(const AttentionParams<T, KV>& p, const AttentionOptions<T>& opts,
                         const ForwardOutputs<T>& outputs, AttentionWorkspace<T>& workspace) {
   if constexpr (std::is_same_v<KV, T>) {
     run_forward(p, opts, outputs, workspace);
   } else {
-    if (forward_kernel(p, opts) == Kernel::decode) {
+    const Kernel kernel = forward_kernel(p, opts);
+    if (kernel == Kernel::decode) {
       decode_forward(p, outputs, workspace.decode);
+      return;
+    }
+    if (kernel == Kernel::fused) {
+      fused_forward_stored(p, outputs, workspace.fused);
       return;
     }
     const TensorView<const T, 4> k = widen_into(p.k, workspace.widened.key);
@@ -365,7 +371,8 @@ bool run_forward_bf16_dot([[maybe_unused]] const AttentionParams<float, S>& p,
 
 /// The forward on 16-bit q, k, v (S = bfloat16 or float16) into out (S) and lse, weights (float): q widened to
 /// float (few rows in decoding; read many times by the fused kernel), keys and values read in place by the decode
-/// kernel or widened once for the others, scores, softmax and sums in float, out rounded once to S at the end.
+/// kernel, a tile at a time by the fused kernel (or as pairs, BF16 dot products), widened once for the reference
+/// kernel; scores, softmax and sums in float, out rounded once to S at the end.
 /// Arguments validated by the caller.
 template <typename S>
 void run_forward_half(const TensorView<const S, 4>& q, const TensorView<const S, 4>& k,

@@ -8,6 +8,7 @@
 #include <selfattn/detail/params.hpp>
 #include <selfattn/detail/softmax.hpp>
 #include <selfattn/detail/threads.hpp>
+#include <selfattn/detail/widen.hpp>
 #include <selfattn/tensor.hpp>
 
 #include <algorithm>
@@ -33,6 +34,10 @@ struct ForwardWorkspace {
   // (forward_keys / 2, lanes). Empty otherwise.
   micro::Buffer<std::uint32_t> query_pairs;
   micro::Buffer<std::uint32_t> probability_pairs;
+  // Keys and values stored in 16 bits, ElementProducts: the tile's K (forward_keys, D) and V (forward_keys, Dv)
+  // widened to T. Empty otherwise.
+  micro::Buffer<T> key_tile;
+  micro::Buffer<T> value_tile;
 
   ForwardWorkspace() = default;
   ForwardWorkspace(Index head_dim, Index value_dim) { prepare(head_dim, value_dim); }
@@ -71,45 +76,73 @@ struct FusedForwardScratch {
   }
 };
 
-/// The products of the fused forward in T, the elements read in place: the block's Q^T packed once (D, lanes),
-/// S^T = K_tile Q^T with K's elements broadcast, O^T += V_tile^T P^T with V's elements broadcast (the safe
-/// micro-kernel when the tile's values hold inf or NaN). fused_forward_bf16.hpp has the other kind of products.
-template <typename T>
+/// The products of the fused forward in T: the block's Q^T packed once (D, lanes), S^T = K_tile Q^T with K's
+/// elements broadcast, O^T += V_tile^T P^T with V's elements broadcast (the safe micro-kernel when the tile's values
+/// hold inf or NaN). Keys and values of T are read in place; stored in 16 bits (KV = bfloat16, float16; T = float),
+/// each tile is widened into the thread's workspace as it is used, so the products are bitwise those on float inputs
+/// holding the same values, in O(tile) memory. fused_forward_bf16.hpp has the other kind of products.
+template <typename T, typename KV = T>
 struct ElementProducts {
+  static constexpr bool widens = !std::is_same_v<KV, T>;
   /// Tiles may start at any key.
   static constexpr Index key_alignment = 1;
+  Index head_dim = 0, value_dim = 0;  // the tiles' widths, when widening
 
-  /// Nothing beyond ForwardWorkspace::prepare.
-  void prepare(ForwardWorkspace<T>&) const {}
+  /// The widened tiles, when KV is not T.
+  void prepare(ForwardWorkspace<T>& w) const {
+    if constexpr (widens) {
+      w.key_tile.resize(static_cast<std::size_t>(FusedTiles<T>::forward_keys * head_dim));
+      w.value_tile.resize(static_cast<std::size_t>(FusedTiles<T>::forward_keys * value_dim));
+    } else {
+      static_cast<void>(w);
+    }
+  }
 
   /// Q^T (D, lanes) of rows [i0, i0 + rows); lanes past the last row stay 0 (their results are never written).
-  void load_queries(const AttentionParams<T>& p, Index b, Index h, Index i0, Index rows, ForwardWorkspace<T>& w) const {
+  void load_queries(const AttentionParams<T, KV>& p, Index b, Index h, Index i0, Index rows,
+                    ForwardWorkspace<T>& w) const {
     constexpr Index lanes = FusedTiles<T>::lanes;
-    const Index head_dim = p.q.dim(3);
+    const Index depth = p.q.dim(3);
     T* qt = w.qt.data();
     std::fill(w.qt.begin(), w.qt.end(), T(0));
     const T* q = row_pointer(p.q, b, h, i0);
     for (Index i = 0; i < rows; ++i)
-      for (Index d = 0; d < head_dim; ++d) qt[d * lanes + i] = q[i * p.q.stride(2) + d];
+      for (Index d = 0; d < depth; ++d) qt[d * lanes + i] = q[i * p.q.stride(2) + d];
   }
 
   /// epilogue(m0, acc) over S^T (width, lanes) = K_tile Q^T, keys [j0, j0 + width) of key/value head (b, hk).
   template <typename Epilogue>
-  void scores(const AttentionParams<T>& p, Index b, Index hk, Index j0, Index width, ForwardWorkspace<T>& w,
+  void scores(const AttentionParams<T, KV>& p, Index b, Index hk, Index j0, Index width, ForwardWorkspace<T>& w,
               Epilogue& epilogue) const {
-    const Index k_stride = p.k.stride(2);
-    micro::gemm<T, micro::micro_packets>(false, width, p.q.dim(3), row_pointer(p.k, b, hk, j0), k_stride, 1,
-                                         w.qt.data(), FusedTiles<T>::lanes, epilogue);
+    const KV* k = row_pointer(p.k, b, hk, j0);
+    const Index depth = p.q.dim(3);
+    if constexpr (widens) {
+      micro::widen_rows(k, p.k.stride(2), width, depth, w.key_tile.data());
+      micro::gemm<T, micro::micro_packets>(false, width, depth, w.key_tile.data(), depth, 1, w.qt.data(),
+                                           FusedTiles<T>::lanes, epilogue);
+    } else {
+      micro::gemm<T, micro::micro_packets>(false, width, depth, k, p.k.stride(2), 1, w.qt.data(),
+                                           FusedTiles<T>::lanes, epilogue);
+    }
   }
 
   /// epilogue(m0, acc) over V_tile^T P^T (Dv, lanes), P^T in w.s: A(dv, j) = v_j[dv].
   template <typename Epilogue>
-  void values(const AttentionParams<T>& p, Index b, Index hk, Index j0, Index width, ForwardWorkspace<T>& w,
+  void values(const AttentionParams<T, KV>& p, Index b, Index hk, Index j0, Index width, ForwardWorkspace<T>& w,
               Epilogue& epilogue) const {
-    const Index v_stride = p.v.stride(2), value_dim = p.value_dim();
-    const T* v = row_pointer(p.v, b, hk, j0);
-    const bool values_finite = micro::all_finite(v, width, value_dim, v_stride);
-    micro::gemm<T, micro::micro_packets>(!values_finite, value_dim, width, v, 1, v_stride, w.s.data(),
+    const Index columns = p.value_dim();
+    const T* v = nullptr;
+    Index v_stride = 0;
+    if constexpr (widens) {
+      micro::widen_rows(row_pointer(p.v, b, hk, j0), p.v.stride(2), width, columns, w.value_tile.data());
+      v = w.value_tile.data();
+      v_stride = columns;
+    } else {
+      v = row_pointer(p.v, b, hk, j0);
+      v_stride = p.v.stride(2);
+    }
+    const bool values_finite = micro::all_finite(v, width, columns, v_stride);
+    micro::gemm<T, micro::micro_packets>(!values_finite, columns, width, v, 1, v_stride, w.s.data(),
                                          FusedTiles<T>::lanes, epilogue);
   }
 };
@@ -275,6 +308,13 @@ void fused_forward_blocks(const AttentionParams<T, KV>& p, const ForwardOutputs<
 template <typename T>
 void fused_forward(const AttentionParams<T>& p, const ForwardOutputs<T>& result, FusedForwardScratch<T>& scratch) {
   fused_forward_blocks(p, result, scratch, ElementProducts<T>{});
+}
+
+/// The fused forward on keys and values stored as KV (16 bits): each tile widened as it is used (ElementProducts).
+template <typename T, typename KV>
+void fused_forward_stored(const AttentionParams<T, KV>& p, const ForwardOutputs<T>& result,
+                          FusedForwardScratch<T>& scratch) {
+  fused_forward_blocks(p, result, scratch, ElementProducts<T, KV>{p.head_dim(), p.value_dim()});
 }
 
 /// fused_forward with scratch of its own, allocated for this call.

@@ -1,6 +1,7 @@
-// selfattn/detail/widened_inputs.hpp — 16-bit attention inputs widened to float for the kernels that read float
-// (the fused and reference kernels; the decode kernel reads 16-bit keys and values in place, decode.hpp), and the
-// scratch that holds them between calls (AttentionWorkspace::widened).
+// selfattn/detail/widened_inputs.hpp — 16-bit attention inputs widened to float where a kernel reads float: a
+// 16-bit call's q, and k and v for the reference kernel (the decode kernel reads 16-bit keys and values in place,
+// decode.hpp; the fused kernel widens a tile at a time, fused_forward.hpp), and the scratch that holds them between
+// calls (AttentionWorkspace::widened).
 #pragma once
 
 #include <selfattn/detail/simd.hpp>
@@ -17,7 +18,7 @@ namespace selfattn::detail {
 template <typename T>
 struct WideningScratch {
   micro::Buffer<T> query;  ///< q widened (16-bit public calls)
-  micro::Buffer<T> key;    ///< k widened, when the fused or reference kernel runs on 16-bit keys
+  micro::Buffer<T> key;    ///< k widened, when the reference kernel runs on 16-bit keys
   micro::Buffer<T> value;  ///< v widened, likewise
   micro::Buffer<T> out;    ///< the output in T, before it is rounded to the inputs' type
 };
