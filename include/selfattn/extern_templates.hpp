@@ -85,6 +85,10 @@
   KEYWORD Tensor<T, 3> detail::fused_qkv_projection<T>(const TensorView<const T, 3>&,                              \
                                                        const std::array<TensorView<const T, 2>, 3>&,              \
                                                        const std::array<TensorView<const T, 1>, 3>&);             \
+  KEYWORD void detail::fused_qkv_projection_into<T, T>(const TensorView<const T, 3>&,                            \
+                                                        const std::array<TensorView<const T, 2>, 3>&,             \
+                                                        const std::array<TensorView<const T, 1>, 3>&,             \
+                                                        const TensorView<T, 3>&, detail::StackedProjection<T>&);  \
   KEYWORD LinearGradients<T> linear_backward<T>(const TensorView<const T, 3>&, const TensorView<const T, 2>&,      \
                                                 const TensorView<const T, 3>&, bool);                              \
   KEYWORD class MultiHeadAttention<T>;                                                                             \

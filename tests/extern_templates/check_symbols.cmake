@@ -59,6 +59,7 @@ foreach(type IN ITEMS float double)
                         "selfattn::detail::sdpa_backward_views<${type}>(" "selfattn::detail::attention_weights_views<${type}>("
                         "selfattn::detail::run_forward<${type}>("
                         "selfattn::detail::linear_into<${type}>(" "selfattn::detail::fused_qkv_projection<${type}>("
+                        "selfattn::detail::fused_qkv_projection_into<${type}, ${type}>("
                         "selfattn::linear_backward<${type}>(" "selfattn::MultiHeadAttention<${type}>::forward_views("
                         "selfattn::MultiHeadAttention<${type}>::step_views<${type}>("
                         "selfattn::MultiHeadAttention<${type}>::step_into_views<${type}>("
