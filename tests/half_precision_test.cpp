@@ -476,6 +476,102 @@ TYPED_TEST(HalfPrecisionTest, ModuleStepsWithSixteenBitParameters) {
   EXPECT_EQ(cache_half.lengths(), lengths);
 }
 
+// A layer config for the 16-bit parameter tests: pre-norm with RMSNorm and SwiGLU, or post-norm with LayerNorm, GELU
+// and biases; GQA and RoPE in both.
+TransformerLayerConfig sixteen_bit_layer_config(bool pre_norm) {
+  TransformerLayerConfig cfg = decoder_layer_config(48, 4, 40);
+  cfg.attention.num_kv_heads = 2;
+  cfg.attention.rope_dim = 12;
+  if (pre_norm) {
+    cfg.norm = NormKind::rms_norm;
+    cfg.activation = Activation::swiglu;
+    cfg.bias = false;
+    cfg.attention.bias = false;
+  } else {
+    cfg.norm_first = false;
+    cfg.activation = Activation::gelu;
+  }
+  return cfg;
+}
+
+// Norm weights and biases drawn at random (the layer starts them at 1 and 0, which every type holds exactly).
+void randomize_norms(TransformerLayerParams<float>& p, Random& random) {
+  for (Tensor<float, 1>* t : {&p.norm1_weight, &p.norm1_bias, &p.norm2_weight, &p.norm2_bias})
+    for (Index n = 0; n < t->size(); ++n) t->data()[n] = 1.0f + 0.5f * static_cast<float>(random.normal());
+}
+
+// TransformerLayer::step_with and TransformerStack::step_with on 16-bit parameters against the same values in float:
+// a 20-row prompt (the weights widened once, float GEMMs) bitwise, decode steps (the weights read in place) to float
+// rounding; pre- and post-norm, over 16-bit and float caches; a wrong shape names the parameter and leaves the cache.
+TYPED_TEST(HalfPrecisionTest, LayerAndStackStepWithSixteenBitParameters) {
+  using S = TypeParam;
+  Random random(21);
+  for (bool pre_norm : {true, false}) {
+    SCOPED_TRACE(pre_norm ? "pre-norm" : "post-norm");
+    TransformerStackConfig stack_cfg;
+    stack_cfg.layer = sixteen_bit_layer_config(pre_norm);
+    stack_cfg.num_layers = 2;
+    stack_cfg.final_norm = pre_norm;
+    TransformerStack<float> model(stack_cfg, 3);
+    for (TransformerLayerParams<float>& layer : model.params().layers) randomize_norms(layer, random);
+    for (Index n = 0; n < model.params().norm_weight.size(); ++n)
+      model.params().norm_weight.data()[n] = 1.0f + 0.5f * static_cast<float>(random.normal());
+    const TransformerStackParams<S> half = params_cast<S>(model.params());
+    const TransformerStackParams<float> wide = params_cast<float>(half);
+    ASSERT_EQ(half.layers.size(), 2u);
+    EXPECT_EQ(half.norm_weight.size(), pre_norm ? 48 : 0);
+    EXPECT_EQ(half.layers[1].linear1_weight.dim(0), pre_norm ? 80 : 40);  // SwiGLU: 2F
+
+    // The expected outputs come from modules holding the rounded values as their own params(), run by step.
+    TransformerStack<float> rounded(stack_cfg, 4);
+    rounded.params() = wide;
+    const TransformerLayer<float> layer(stack_cfg.layer, 5);
+    TransformerLayer<float> rounded_layer(stack_cfg.layer, 6);
+    rounded_layer.params() = wide.layers[0];
+    auto layer_half = layer.make_cache<S>(2), layer_wide = layer.make_cache<S>(2);
+    auto stack_half = model.make_cache<S>(2), stack_wide = model.make_cache<S>(2);
+    auto stack_float_half = model.make_cache(2), stack_float_wide = model.make_cache(2);
+    const Tensor<float, 3> prompt = random.normal_tensor<float, 3>({2, 10, 48});  // 20 rows: the widened route
+    const auto expect_bitwise = [](const Tensor<float, 3>& got, const Tensor<float, 3>& expected) {
+      ASSERT_EQ(got.shape(), expected.shape());
+      for (Index n = 0; n < got.size(); ++n) ASSERT_EQ(got.data()[n], expected.data()[n]) << "element " << n;
+    };
+    expect_bitwise(layer.step_with(half.layers[0], prompt, layer_half), rounded_layer.step(prompt, layer_wide));
+    expect_bitwise(model.step_with(half, prompt, stack_half), rounded.step(prompt, stack_wide));
+    expect_bitwise(model.step_with(half, prompt, stack_float_half), rounded.step(prompt, stack_float_wide));
+    for (int t = 0; t < 3; ++t) {
+      const Tensor<float, 3> token = random.normal_tensor<float, 3>({2, 1, 48});
+      const Tensor<float, 3> expected = rounded_layer.step(token, layer_wide);
+      const Tensor<float, 3> got = layer.step_with(half.layers[0], token, layer_half);
+      EXPECT_TRUE(test::all_close(got, expected, 1e-5)) << "layer step " << t;
+      EXPECT_TRUE(test::all_close(model.step_with(half, token, stack_half), rounded.step(token, stack_wide), 1e-5))
+          << "stack step " << t;
+      EXPECT_TRUE(test::all_close(model.step_with(half, token, stack_float_half),
+                                  rounded.step(token, stack_float_wide), 1e-5))
+          << "stack step over a float cache " << t;
+    }
+    // The few-row route is not the widened one: the decode steps above compared different code.
+    EXPECT_EQ(layer_half.lengths(), layer_wide.lengths());
+
+    TransformerStackParams<S> wrong = half;
+    wrong.layers[1].linear2_weight = Tensor<S, 2>({48, 39});
+    const std::vector<Index> lengths = stack_half.layers[0].lengths();
+    test::expect_error<ShapeError>([&] { model.step_with(wrong, random.normal_tensor<float, 3>({2, 1, 48}), stack_half); },
+                                   {"TransformerLayer::step", "linear2_weight", "(48, 39)"});
+    for (const auto& cache : stack_half.layers) EXPECT_EQ(cache.lengths(), lengths);
+    wrong = half;
+    wrong.layers.pop_back();
+    test::expect_error<std::invalid_argument>(
+        [&] { model.step_with(wrong, random.normal_tensor<float, 3>({2, 1, 48}), stack_half); },
+        {"TransformerStack::step", "params().layers", "expected 2 layers, got 1"});
+    TransformerLayerParams<S> wrong_norm = half.layers[0];
+    wrong_norm.norm2_weight = Tensor<S, 1>(std::array<Index, 1>{47});
+    test::expect_error<ShapeError>([&] { layer.step_with(wrong_norm, random.normal_tensor<float, 3>({2, 1, 48}), layer_half); },
+                                   {"TransformerLayer::step", "norm2_weight", "(47)"});
+    EXPECT_EQ(layer_half.lengths(), layer_wide.lengths());
+  }
+}
+
 #if SELFATTN_BF16_DOT
 // round_to_pairs: two packets of float rounded to bfloat16 (to nearest, ties to even, as Eigen's conversion; a
 // subnormal to a zero of its sign, as the instruction does) and interleaved first/second, on random floats, exact

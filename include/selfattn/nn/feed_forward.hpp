@@ -76,6 +76,20 @@ void feed_forward_forward(Activation activation, T p, std::uint64_t seed, const 
   linear_into<T>(saved.hidden.view(), w.linear2_weight, w.linear2_bias, y);             // y = h W2^T + b2
 }
 
+/// y = linear2(activation(linear1(x))) into y (B, L, E) for inference (no dropout, nothing saved) with the weights
+/// stored as P: T (then bitwise feed_forward_forward with p = 0), or 16 bits with T = float (linear_into_stored:
+/// a few rows read the weights in place, more widen them once into `scratch`).
+template <typename T, typename P>
+void feed_forward_inference(Activation activation, const TensorView<const T, 3>& x, const FeedForwardWeights<P>& w,
+                            const TensorView<T, 3>& y, StackedProjection<T>& scratch) {
+  const Index batch = x.dim(0), length = x.dim(1);
+  Tensor<T, 3> pre_activation({batch, length, w.linear1_weight.dim(0)});
+  Tensor<T, 3> hidden({batch, length, w.linear2_weight.dim(1)});
+  linear_into_stored<T, P>(x, w.linear1_weight, w.linear1_bias, pre_activation.view(), scratch);  // z = x W1^T + b1
+  activation_forward<T>(activation, pre_activation.view(), hidden.view());                       // h = act(z)
+  linear_into_stored<T, P>(hidden.view(), w.linear2_weight, w.linear2_bias, y, scratch);         // y = h W2^T + b2
+}
+
 /// The forward's walk in reverse; gradients of the parameters into `dparams` (biases only when `bias`).
 template <typename T>
 Tensor<T, 3> feed_forward_backward(Activation activation, T p, std::uint64_t seed, const TensorView<const T, 3>& x,

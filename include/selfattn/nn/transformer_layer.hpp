@@ -15,6 +15,7 @@
 
 #include <selfattn/detail/dropout.hpp>
 #include <selfattn/errors.hpp>
+#include <selfattn/half_precision.hpp>
 #include <selfattn/nn/activation.hpp>
 #include <selfattn/nn/feed_forward.hpp>
 #include <selfattn/nn/kv_cache.hpp>
@@ -28,6 +29,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -93,6 +95,16 @@ struct TransformerLayerParams {
   Tensor<T, 1> norm2_weight;    ///< (E)
   Tensor<T, 1> norm2_bias;      ///< (E), or empty
 };
+
+/// \brief The layer's parameters with every tensor converted to `To` (tensor_cast; empty biases stay empty):
+/// `params_cast<bfloat16>(layer.params())` is what TransformerLayer::step_with's 16-bit overload reads.
+template <typename To, typename T>
+TransformerLayerParams<To> params_cast(const TransformerLayerParams<T>& p) {
+  const auto cast = [](const auto& x) { return tensor_cast<To>(x); };
+  return TransformerLayerParams<To>{params_cast<To>(p.self_attn), cast(p.linear1_weight), cast(p.linear1_bias),
+                                    cast(p.linear2_weight),       cast(p.linear2_bias),   cast(p.norm1_weight),
+                                    cast(p.norm1_bias),           cast(p.norm2_weight),   cast(p.norm2_bias)};
+}
 
 namespace detail {
 
@@ -265,6 +277,38 @@ class TransformerLayer {
   template <typename X, typename S>
   Tensor<T, 3> step_with(const TransformerLayerParams<T>& parameters, const X& x_new, KVCache<T, S>& cache,
                          const AttentionOptions<T>& opts = {}, const std::vector<Index>& new_tokens = {}) const {
+    return checked_step<S, T>(parameters, x_new, cache, opts, new_tokens);
+  }
+
+  /// \brief step with 16-bit parameters (P = bfloat16 or float16, the layer float): inference over a KV cache with
+  /// every weight and bias read in 16 bits (`params_cast<bfloat16>(layer.params())` makes them).
+  ///
+  /// Activations, norms, attention, activation functions and every sum are float, as in step. A decode step (fewer
+  /// than 16 new rows) reads each projection's weights once, in place, widening them in registers: half the bytes of
+  /// float weights; 16 rows or more widen each weight matrix once and run float GEMMs, and then the output is bitwise
+  /// that of step_with on float parameters holding the same (rounded) values. Shapes, checks and errors as step (the
+  /// parameters named like params()'s). docs/half_precision.md.
+  /// \code
+  /// const TransformerLayerParams<bfloat16> weights = params_cast<bfloat16>(layer.params());
+  /// auto cache = layer.make_cache<bfloat16>(1);
+  /// Tensor<float, 3> y = layer.step_with(weights, prompt, cache);
+  /// \endcode
+  template <typename P, typename X, typename S, std::enable_if_t<is_half_width_v<P>, int> = 0>
+  Tensor<T, 3> step_with(const TransformerLayerParams<P>& parameters, const X& x_new, KVCache<T, S>& cache,
+                         const AttentionOptions<T>& opts = {}, const std::vector<Index>& new_tokens = {}) const {
+    static_assert(std::is_same_v<T, float>, "TransformerLayer: 16-bit parameters run in a float layer");
+    return checked_step<S, P>(parameters, x_new, cache, opts, new_tokens);
+  }
+
+ private:
+  static constexpr const char* forward_name = "TransformerLayer::forward";
+  static constexpr const char* backward_name = "TransformerLayer::backward";
+  static constexpr const char* step_name = "TransformerLayer::step";
+
+  /// step_with on parameters stored as P (T, or 16 bits): every argument checked, then the walk.
+  template <typename S, typename P, typename X>
+  Tensor<T, 3> checked_step(const TransformerLayerParams<P>& parameters, const X& x_new, KVCache<T, S>& cache,
+                            const AttentionOptions<T>& opts, const std::vector<Index>& new_tokens) const {
     Tensor<T, 3> y;
     if constexpr (detail::check_layer_arguments<T, X>()) {
       const TensorView<const T, 3> x = detail::const_view(x_new);
@@ -274,11 +318,6 @@ class TransformerLayer {
     }
     return y;
   }
-
- private:
-  static constexpr const char* forward_name = "TransformerLayer::forward";
-  static constexpr const char* backward_name = "TransformerLayer::backward";
-  static constexpr const char* step_name = "TransformerLayer::step";
 
   static TransformerLayerConfig checked(const TransformerLayerConfig& c) {
     const char* fn = "TransformerLayer";
@@ -297,7 +336,8 @@ class TransformerLayer {
     detail::check_shape<3>(function, name, x.shape(), {detail::any_extent, detail::any_extent, embed_dim()});
   }
 
-  void check_params(const char* function, const TransformerLayerParams<T>& p) const {
+  template <typename P>
+  void check_params(const char* function, const TransformerLayerParams<P>& p) const {
     detail::check_feed_forward_params(function, "params().", feed_forward_config(), p.linear1_weight, p.linear1_bias,
                                       p.linear2_weight, p.linear2_bias);
     const Index e = embed_dim();
@@ -314,17 +354,24 @@ class TransformerLayer {
     return o;
   }
 
-  detail::FeedForwardWeights<T> ffn_weights(const TransformerLayerParams<T>& p) const {
+  template <typename P>
+  detail::FeedForwardWeights<P> ffn_weights(const TransformerLayerParams<P>& p) const {
     return {p.linear1_weight.view(), p.linear1_bias.view(), p.linear2_weight.view(), p.linear2_bias.view()};
   }
 
-  /// norm(x) with weight and bias (bias empty when absent), statistics into `stats`.
-  Tensor<T, 3> normalize(const TensorView<const T, 3>& x, const Tensor<T, 1>& weight, const Tensor<T, 1>& bias,
+  /// norm(x) with weight and bias (bias empty when absent), statistics into `stats`. 16-bit weights (E values each)
+  /// are widened first: exactly, so the result is that of float weights holding the same values.
+  template <typename P>
+  Tensor<T, 3> normalize(const TensorView<const T, 3>& x, const Tensor<P, 1>& weight, const Tensor<P, 1>& bias,
                          detail::NormStatistics<T>& stats) const {
-    Tensor<T, 3> y(x.shape());
-    detail::norm_forward_into<T>(config_.norm, static_cast<T>(config_.norm_eps), x, weight.view(), bias.view(), y.view(),
-                                 stats);
-    return y;
+    if constexpr (!std::is_same_v<P, T>) {
+      return normalize(x, tensor_cast<T>(weight), tensor_cast<T>(bias), stats);
+    } else {
+      Tensor<T, 3> y(x.shape());
+      detail::norm_forward_into<T>(config_.norm, static_cast<T>(config_.norm_eps), x, weight.view(), bias.view(),
+                                   y.view(), stats);
+      return y;
+    }
   }
 
   /// dx of y = norm(x), the parameter gradients into dweight and dbias (sized here; dbias only with a bias).
@@ -434,15 +481,16 @@ class TransformerLayer {
     g.d_input += dq;
   }
 
-  /// The forward's walk for new tokens, the attention through the cache; nothing saved, no dropout.
-  template <typename S>
-  Tensor<T, 3> run_step(const TransformerLayerParams<T>& p, const TensorView<const T, 3>& x, KVCache<T, S>& cache,
+  /// The forward's walk for new tokens, the attention through the cache; nothing saved, no dropout. Parameters
+  /// stored as P: T, or 16 bits (read by the projections as they are, widened for the norms).
+  template <typename S, typename P>
+  Tensor<T, 3> run_step(const TransformerLayerParams<P>& p, const TensorView<const T, 3>& x, KVCache<T, S>& cache,
                         const AttentionOptions<T>& opts, const std::vector<Index>& new_tokens) const {
     detail::NormStatistics<T> stats;
-    detail::FeedForwardSaved<T> ffn_saved;
+    detail::StackedProjection<T> scratch;
     const auto ffn = [&](const TensorView<const T, 3>& in) {
       Tensor<T, 3> out(in.shape());
-      detail::feed_forward_forward<T>(config_.activation, T(0), 0, in, ffn_weights(p), ffn_saved, out.view());
+      detail::feed_forward_inference<T, P>(config_.activation, in, ffn_weights(p), out.view(), scratch);
       return out;
     };
     if (config_.norm_first) {

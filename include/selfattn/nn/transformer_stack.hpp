@@ -7,6 +7,7 @@
 
 #include <selfattn/detail/dropout.hpp>
 #include <selfattn/errors.hpp>
+#include <selfattn/half_precision.hpp>
 #include <selfattn/nn/kv_cache.hpp>
 #include <selfattn/nn/module_input.hpp>
 #include <selfattn/nn/norm.hpp>
@@ -16,6 +17,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -43,6 +45,18 @@ struct TransformerStackParams {
   Tensor<T, 1> norm_weight;  ///< (E): the final norm's weight; empty without a final norm
   Tensor<T, 1> norm_bias;    ///< (E): the final norm's bias; empty without a final norm or for RMSNorm or !bias
 };
+
+/// \brief The stack's parameters with every tensor converted to `To` (tensor_cast; empty ones stay empty):
+/// `params_cast<bfloat16>(model.params())` is what TransformerStack::step_with reads in 16 bits.
+template <typename To, typename T>
+TransformerStackParams<To> params_cast(const TransformerStackParams<T>& p) {
+  TransformerStackParams<To> result;
+  result.layers.reserve(p.layers.size());
+  for (const TransformerLayerParams<T>& layer : p.layers) result.layers.push_back(params_cast<To>(layer));
+  result.norm_weight = tensor_cast<To>(p.norm_weight);
+  result.norm_bias = tensor_cast<To>(p.norm_bias);
+  return result;
+}
 
 /// \brief What TransformerStack::forward returns: the output and each layer's forward (for the backward).
 template <typename T>
@@ -201,18 +215,39 @@ class TransformerStack {
   template <typename X, typename S>
   Tensor<T, 3> step(const X& x_new, TransformerStackCache<T, S>& cache, const AttentionOptions<T>& opts = {},
                     const std::vector<Index>& new_tokens = {}) const {
+    return step_with(params_, x_new, cache, opts, new_tokens);
+  }
+
+  /// \brief step(x_new, cache, opts, new_tokens) with `parameters` in place of params(): of T, or 16-bit (P =
+  /// bfloat16 or float16, the stack float) for inference with every weight read in 16 bits
+  /// (TransformerLayer::step_with's 16-bit overload; the final norm's weights widened).
+  ///
+  /// `parameters` must have the shapes of params() (checked, naming `params().<name>`). With 16-bit parameters a
+  /// prompt of 16 rows or more gives bitwise the output of float parameters holding the same values; decode steps
+  /// (fewer rows) read the weights in place and agree to float rounding. docs/half_precision.md.
+  /// \code
+  /// const TransformerStackParams<bfloat16> weights = params_cast<bfloat16>(model.params());   // half the bytes
+  /// auto cache = model.make_cache<bfloat16>(1);
+  /// Tensor<float, 3> y = model.step_with(weights, prompt, cache);
+  /// y = model.step_with(weights, next_token, cache);
+  /// \endcode
+  template <typename P, typename X, typename S>
+  Tensor<T, 3> step_with(const TransformerStackParams<P>& parameters, const X& x_new, TransformerStackCache<T, S>& cache,
+                         const AttentionOptions<T>& opts = {}, const std::vector<Index>& new_tokens = {}) const {
+    static_assert(std::is_same_v<P, T> || (std::is_same_v<T, float> && is_half_width_v<P>),
+                  "TransformerStack: parameters of the stack's type, or 16-bit ones in a float stack");
     Tensor<T, 3> y;
     if constexpr (detail::check_layer_arguments<T, X>()) {
       const TensorView<const T, 3> x = detail::const_view(x_new);
-      check_params(step_name);
+      check_params(step_name, parameters);
       check_cache(x, cache);
       std::vector<std::vector<Index>> lengths_before;
       for (const KVCache<T, S>& c : cache.layers) lengths_before.push_back(c.lengths());
       std::size_t i = 0;
       try {
-        for (; i < params_.layers.size(); ++i)
-          y = i == 0 ? layer_.step_with(params_.layers[0], x, cache.layers[0], opts, new_tokens)
-                     : layer_.step_with(params_.layers[i], y, cache.layers[i], opts, new_tokens);
+        for (; i < parameters.layers.size(); ++i)
+          y = i == 0 ? layer_.step_with(parameters.layers[0], x, cache.layers[0], opts, new_tokens)
+                     : layer_.step_with(parameters.layers[i], y, cache.layers[i], opts, new_tokens);
       } catch (...) {  // layers before i appended already: a keep-all cache goes back to where it was
         for (std::size_t j = 0; j < i; ++j)
           if (!cache.layers[j].policy().evicts())
@@ -223,9 +258,11 @@ class TransformerStack {
       if (config_.final_norm) {
         Tensor<T, 3> h = std::move(y);
         y = Tensor<T, 3>(h.shape());
+        // 16-bit norm weights widen exactly (E values): the norm of float weights holding the same values.
+        const Tensor<T, 1> weight = tensor_cast<T>(parameters.norm_weight), bias = tensor_cast<T>(parameters.norm_bias);
         detail::NormStatistics<T> stats;
         detail::norm_forward_into<T>(config_.layer.norm, static_cast<T>(config_.layer.norm_eps), h.view(),
-                                     params_.norm_weight.view(), params_.norm_bias.view(), y.view(), stats);
+                                     weight.view(), bias.view(), y.view(), stats);
       }
     }
     return y;
@@ -243,14 +280,19 @@ class TransformerStack {
     return detail::mix64(seed + 0x9e3779b97f4a7c15ULL * (static_cast<std::uint64_t>(i) + 1));
   }
 
-  void check_params(const char* function) const {
-    if (static_cast<Index>(params_.layers.size()) != config_.num_layers)
+  void check_params(const char* function) const { check_params(function, params_); }
+
+  /// The stack's own shapes (each layer's parameters are checked by the layer as it runs them).
+  template <typename P>
+  void check_params(const char* function, const TransformerStackParams<P>& parameters) const {
+    if (static_cast<Index>(parameters.layers.size()) != config_.num_layers)
       detail::throw_invalid(function, "params().layers",
                             "expected " + std::to_string(config_.num_layers) + " layers, got " +
-                                std::to_string(params_.layers.size()));
+                                std::to_string(parameters.layers.size()));
     const Index e = embed_dim();
-    detail::check_norm_param(function, "params().norm_weight", params_.norm_weight, config_.final_norm, e);
-    detail::check_norm_param(function, "params().norm_bias", params_.norm_bias, config_.final_norm && has_norm_bias(), e);
+    detail::check_norm_param(function, "params().norm_weight", parameters.norm_weight, config_.final_norm, e);
+    detail::check_norm_param(function, "params().norm_bias", parameters.norm_bias, config_.final_norm && has_norm_bias(),
+                             e);
   }
 
   /// Every layer's cache must be one of this stack's, holding the same sequences: checked before any layer steps,
