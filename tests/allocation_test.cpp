@@ -460,6 +460,38 @@ TEST(ForwardIntoModule, SteadyStateAllocatesNothingAndMatchesForward) {
     }
 }
 
+// forward_into_with on bfloat16 parameters: the widened weights of each projection (q, k and v of cross-attention
+// apart, the output's) live in the workspace, so a second call of a shape allocates nothing; 1 row reads them in place.
+TEST(ForwardIntoModule, SixteenBitParametersAllocateNothingInTheSteadyState) {
+  SKIP_UNDER_TSAN();
+  const OneThread one_thread;
+  for (const bool self : {true, false})
+    for (const Index q_len : {Index(1), Index(40)}) {
+      SCOPED_TRACE(std::string(self ? "self" : "cross") + "-attention, Lq = " + std::to_string(q_len));
+      MultiHeadAttentionConfig cfg;
+      cfg.embed_dim = 64;
+      cfg.num_heads = 4;
+      cfg.num_kv_heads = 2;
+      if (!self) cfg.kdim = cfg.vdim = 24;
+      const MultiHeadAttention<float> mha(cfg, 3);
+      const MhaParams<bfloat16> weights = params_cast<bfloat16>(mha.params());
+      Random rng(6);
+      const auto query = rng.normal_tensor<float, 3>({2, q_len, 64});
+      const auto memory = rng.normal_tensor<float, 3>({2, 50, 24});
+      Tensor<float, 3> y({2, q_len, 64});
+      MhaWorkspace<float> ws;
+      const auto call = [&] {
+        if (self)
+          mha.forward_into_with(weights, query, query, query, y.view(), ws);
+        else
+          mha.forward_into_with(weights, query, memory, memory, y.view(), ws);
+      };
+      call();
+      const Allocations a = count_allocations(5, call);
+      EXPECT_NO_ALLOCATION(a);
+    }
+}
+
 TEST(ForwardIntoModuleErrors, NameTheArgument) {
   MultiHeadAttentionConfig cfg;
   cfg.embed_dim = 16;

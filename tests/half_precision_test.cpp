@@ -476,6 +476,53 @@ TYPED_TEST(HalfPrecisionTest, ModuleStepsWithSixteenBitParameters) {
   EXPECT_EQ(cache_half.lengths(), lengths);
 }
 
+// MultiHeadAttention::forward_into_with on 16-bit parameters against forward_into of a module holding the same values
+// in float: bitwise where every projection has 16 rows or more (weights widened once; self- and cross-attention),
+// to float rounding for fewer (read in place); errors name the parameter and write nothing.
+TYPED_TEST(HalfPrecisionTest, ModuleForwardIntoWithSixteenBitParameters) {
+  using S = TypeParam;
+  Random random(17);
+  for (const bool self : {true, false}) {
+    SCOPED_TRACE(self ? "self-attention" : "cross-attention");
+    MultiHeadAttentionConfig cfg;
+    cfg.embed_dim = 48;
+    cfg.num_heads = 4;
+    cfg.num_kv_heads = 2;
+    cfg.rope_dim = 12;
+    if (!self) cfg.kdim = cfg.vdim = 20;
+    const MultiHeadAttention<float> mha(cfg, 7);
+    const MhaParams<S> half = params_cast<S>(mha.params());
+    MultiHeadAttention<float> rounded(cfg, 8);
+    rounded.params() = params_cast<float>(half);
+    AttentionOptions<float> opts;
+    opts.causal = Causal::bottom_right;
+    MhaWorkspace<float> ws, ws_rounded;
+    for (const Index q_len : {Index(10), Index(1)}) {  // 20 rows (widened), then 2 (in place)
+      const Tensor<float, 3> query = random.normal_tensor<float, 3>({2, q_len, 48});
+      const Tensor<float, 3> memory = random.normal_tensor<float, 3>({2, 9, 20});
+      const Tensor<float, 3>& key = self ? query : memory;
+      Tensor<float, 3> got({2, q_len, 48}), expected({2, q_len, 48});
+      mha.forward_into_with(half, query, key, key, got.view(), ws, opts);
+      rounded.forward_into(query, key, key, expected.view(), ws_rounded, opts);
+      if (q_len == 10) {  // 20 query rows and 18 key rows: every weight widened
+        for (Index n = 0; n < got.size(); ++n) ASSERT_EQ(got.data()[n], expected.data()[n]) << "element " << n;
+      } else {  // 2 query rows: W_q and W_out read in place (and W_k, W_v for self-attention)
+        EXPECT_TRUE(test::all_close(got, expected, 1e-5)) << "Lq = " << q_len;
+        EXPECT_FALSE(test::all_close(got, expected, 0.0)) << "the in-place route sums in another order";
+      }
+    }
+    MhaParams<S> wrong = half;
+    wrong.out_weight = Tensor<S, 2>({48, 47});
+    const Tensor<float, 3> x = random.normal_tensor<float, 3>({1, 3, 48});
+    Tensor<float, 3> y({1, 3, 48});
+    y.fill(7.0f);
+    const Tensor<float, 3> memory = random.normal_tensor<float, 3>({1, 4, 20});
+    test::expect_error<ShapeError>([&] { mha.forward_into_with(wrong, x, self ? x : memory, self ? x : memory, y.view(), ws); },
+                                   {"MultiHeadAttention::forward_into", "params().out_weight", "(48, 47)"});
+    for (Index n = 0; n < y.size(); ++n) ASSERT_EQ(y.data()[n], 7.0f) << "nothing written on error";
+  }
+}
+
 // A layer config for the 16-bit parameter tests: pre-norm with RMSNorm and SwiGLU, or post-norm with LayerNorm, GELU
 // and biases; GQA and RoPE in both.
 TransformerLayerConfig sixteen_bit_layer_config(bool pre_norm) {

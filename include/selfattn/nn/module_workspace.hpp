@@ -20,8 +20,8 @@ namespace selfattn {
 /// call of a shape, calls of that shape allocate nothing.
 ///
 /// Holds the Q|K|V projection (B, L, E + 2 Hkv Dh), the attention heads (written straight into the merged
-/// (B, L, E) layout), lse (B, H, L), the stacked projection weights of long inputs (and the widened output
-/// projection of a long step with 16-bit parameters), copies of the options
+/// (B, L, E) layout), lse (B, H, L), the stacked projection weights of long inputs (and, with 16-bit parameters, the
+/// widened weights of each projection that has 16 rows or more), copies of the options
 /// (assigned, so their vectors keep their capacity) and the kernels' AttentionWorkspace. Buffers only grow.
 /// One workspace serves one call at a time. A KVCache holds the one step_into uses (`cache.step_workspace()`).
 /// \code
@@ -39,7 +39,9 @@ struct MhaWorkspace {
   std::vector<T> merged;                   ///< (B, L, E): the attention heads, split_heads' layout
   std::vector<T> lse;                      ///< (B, H, L)
   detail::StackedProjection<T> stacked;    ///< the stacked Q|K|V weights of a long self-attention input
-  detail::StackedProjection<T> output_weights;  ///< step with 16-bit parameters: the output projection's, widened
+  detail::StackedProjection<T> output_weights;  ///< 16-bit parameters, 16+ rows: the output projection's, widened
+  detail::StackedProjection<T> key_weights;    ///< forward_into_with, cross-attention: the key projection's, widened
+  detail::StackedProjection<T> value_weights;  ///< the same for the value projection (the query's go in `stacked`)
   AttentionOptions<T> options;             ///< the options the attention runs with
   AttentionOptions<T> sequence_options;    ///< step: one sequence's slice of them
   std::vector<Index> counts;               ///< step: the real new rows of each sequence

@@ -462,6 +462,30 @@ class MultiHeadAttention {
       step_into_views_with<S, P>(parameters, detail::const_view(x_new), cache, output, opts, new_tokens);
   }
 
+  /// \brief forward_into(query, key, value, output, workspace, opts) with `parameters` (of T, or 16-bit: P =
+  /// bfloat16 or float16 in a float module) in place of params(): inference without a cache, e.g. a prompt or an
+  /// encoder, with the projection weights read in 16 bits.
+  ///
+  /// With 16-bit parameters, fewer than 16 rows per projection read the weights in place (as step_with); more widen
+  /// each weight matrix once into `workspace` and run the float GEMMs, and then the output is bitwise that of
+  /// forward_into on float parameters holding the same values. Checks and errors as forward_into (the parameters'
+  /// shapes named like params()'s); after a first call of a shape, no allocation.
+  /// \code
+  /// const MhaParams<bfloat16> weights = params_cast<bfloat16>(mha.params());
+  /// MhaWorkspace<float> ws;
+  /// mha.forward_into_with(weights, x, x, x, y.view(), ws);
+  /// \endcode
+  template <typename P, typename Q, typename K, typename V>
+  void forward_into_with(const MhaParams<P>& parameters, const Q& query, const K& key, const V& value,
+                         const TensorView<T, 3>& output, MhaWorkspace<T>& workspace,
+                         const AttentionOptions<T>& opts = {}) const {
+    static_assert(std::is_same_v<P, T> || (std::is_same_v<T, float> && is_half_width_v<P>),
+                  "MultiHeadAttention: parameters of the module's type, or 16-bit ones in a float module");
+    if constexpr (detail::check_module_arguments<T, Q, K, V>())
+      forward_into_views(parameters, detail::const_view(query), detail::const_view(key), detail::const_view(value),
+                         output, workspace, opts);
+  }
+
  private:
   MhaGradients<T> backward_views(const MhaParams<T>& parameters, const TensorView<const T, 3>& dy, const MhaForward<T>& f) const {
     if (!f.heads) detail::throw_invalid(backward_name, "fwd", "is not the result of a forward call");
@@ -561,7 +585,8 @@ class MultiHeadAttention {
   }
 
   /// Checks every argument before any work, so a failing call has no effect.
-  void validate(const MhaParams<T>& parameters, const TensorView<const T, 3>& query, const TensorView<const T, 3>& key,
+  template <typename P>
+  void validate(const MhaParams<P>& parameters, const TensorView<const T, 3>& query, const TensorView<const T, 3>& key,
                 const TensorView<const T, 3>& value, const AttentionOptions<T>& opts,
                 const char* function = forward_name) const {
     detail::check_shape<3>(function, "query", query.shape(), {detail::any_extent, detail::any_extent, config_.embed_dim});
@@ -657,11 +682,13 @@ class MultiHeadAttention {
   /// rotate q and k in place (bottom-right positions, like the masks: key row j at j, query row l at l + Lk - Lq),
   /// attend into `heads` (and `weights` when asked for), merge into `merged` (nothing to copy when heads is its split
   /// view), and project the output.
-  void attend_and_project(const MhaParams<T>& parameters, const char* function,
+  /// Parameters stored as P: T, or 16 bits (the output projection's widened weights then go into `output_weights`).
+  template <typename P>
+  void attend_and_project(const MhaParams<P>& parameters, const char* function,
                           const std::array<TensorView<T, 4>, 3>& qkv, const AttentionOptions<T>& attention_opts,
                           const TensorView<T, 4>& heads, const TensorView<T, 3>& lse, const TensorView<T, 4>& weights,
                           const TensorView<T, 3>& merged, const TensorView<T, 3>& output,
-                          AttentionWorkspace<T>& workspace) const {
+                          AttentionWorkspace<T>& workspace, detail::StackedProjection<T>& output_weights) const {
     const TensorView<T, 4>& q = qkv[0];
     const TensorView<T, 4>& k = qkv[1];
     const TensorView<T, 4>& v = qkv[2];
@@ -676,7 +703,8 @@ class MultiHeadAttention {
     if (target.data() != heads.data() || target.strides() != heads.strides())
       for (Index b = 0; b < heads.dim(0); ++b)
         for (Index h = 0; h < heads.dim(1); ++h) as_matrix(target[b][h]) = as_matrix(heads[b][h]);
-    detail::linear_into<T>(merged, parameters.out_weight.view(), parameters.out_bias.view(), output);
+    detail::linear_into_stored<T, P>(merged, parameters.out_weight.view(), parameters.out_bias.view(), output,
+                                     output_weights);
   }
 
   MhaForward<T> forward_views(const MhaParams<T>& parameters, const TensorView<const T, 3>& query, const TensorView<const T, 3>& key,
@@ -695,17 +723,20 @@ class MultiHeadAttention {
     f.merged = Tensor<T, 3>({batch, q_len, config_.embed_dim});
     f.output = Tensor<T, 3>({batch, q_len, config_.embed_dim});
     AttentionWorkspace<T> workspace;
+    detail::StackedProjection<T> unused;  // T parameters: linear_into_stored runs linear_into
     attend_and_project(parameters, forward_name, {projected->q.view(), projected->k.view(), projected->v.view()},
                        f.options, f.attention.out.view(), f.attention.lse.view(),
                        f.weights.data() ? f.weights.view() : TensorView<T, 4>(), f.merged.view(), f.output.view(),
-                       workspace);
+                       workspace, unused);
     f.heads = std::move(projected);
     return f;
   }
 
   static constexpr const char* forward_into_name = "MultiHeadAttention::forward_into";
 
-  void forward_into_views(const MhaParams<T>& parameters, const TensorView<const T, 3>& query, const TensorView<const T, 3>& key,
+  /// forward_into with parameters stored as P: T, or 16 bits (forward_into_with).
+  template <typename P>
+  void forward_into_views(const MhaParams<P>& parameters, const TensorView<const T, 3>& query, const TensorView<const T, 3>& key,
                           const TensorView<const T, 3>& value, const TensorView<T, 3>& output, MhaWorkspace<T>& ws,
                           const AttentionOptions<T>& opts) const {
     validate(parameters, query, key, value, opts, forward_into_name);
@@ -735,9 +766,12 @@ class MultiHeadAttention {
       projections = {TensorView<T, 3>(base, {batch, q_len, e}),
                      TensorView<T, 3>(base + batch * q_len * e, {batch, k_len, kv}),
                      TensorView<T, 3>(base + batch * (q_len * e + k_len * kv), {batch, k_len, kv})};
-      detail::linear_into<T>(query, parameters.q_weight.view(), parameters.q_bias.view(), projections[0]);
-      detail::linear_into<T>(key, parameters.k_weight.view(), parameters.k_bias.view(), projections[1]);
-      detail::linear_into<T>(value, parameters.v_weight.view(), parameters.v_bias.view(), projections[2]);
+      detail::linear_into_stored<T, P>(query, parameters.q_weight.view(), parameters.q_bias.view(), projections[0],
+                                       ws.stacked);
+      detail::linear_into_stored<T, P>(key, parameters.k_weight.view(), parameters.k_bias.view(), projections[1],
+                                       ws.key_weights);
+      detail::linear_into_stored<T, P>(value, parameters.v_weight.view(), parameters.v_bias.view(), projections[2],
+                                       ws.value_weights);
     }
     const TensorView<T, 3> merged = MhaWorkspace<T>::take(ws.merged, std::array<Index, 3>{batch, q_len, e});
     const TensorView<T, 3> lse = MhaWorkspace<T>::take(ws.lse, std::array<Index, 3>{batch, config_.num_heads, q_len});
@@ -745,7 +779,7 @@ class MultiHeadAttention {
                                               split_heads(projections[1], config_.num_kv_heads),
                                               split_heads(projections[2], config_.num_kv_heads)};
     attend_and_project(parameters, forward_into_name, qkv, ws.options, split_heads(merged, config_.num_heads), lse,
-                       TensorView<T, 4>(), merged, output, ws.attention);
+                       TensorView<T, 4>(), merged, output, ws.attention, ws.output_weights);
   }
 
   static constexpr const char* step_name = "MultiHeadAttention::step";
