@@ -95,6 +95,10 @@
   KEYWORD Tensor<T, 3> MultiHeadAttention<T>::step_views<T>(const MhaParams<T>&, const TensorView<const T, 3>&,   \
                                                             KVCache<T, T>&, const AttentionOptions<T>&,             \
                                                             const std::vector<Index>&) const;                      \
+  KEYWORD void MultiHeadAttention<T>::forward_into_views<T>(const MhaParams<T>&, const TensorView<const T, 3>&,   \
+                                                            const TensorView<const T, 3>&,                          \
+                                                            const TensorView<const T, 3>&, const TensorView<T, 3>&, \
+                                                            MhaWorkspace<T>&, const AttentionOptions<T>&) const;   \
   KEYWORD void MultiHeadAttention<T>::step_into_views<T>(const MhaParams<T>&, const TensorView<const T, 3>&,      \
                                                          KVCache<T, T>&, const TensorView<T, 3>&,                  \
                                                          const AttentionOptions<T>&, const std::vector<Index>&) const; \
@@ -118,9 +122,10 @@
   KEYWORD class detail::Normalization<T>;                                                                          \
   KEYWORD class FeedForward<T>;                                                                                    \
   KEYWORD class TransformerLayer<T>;                                                                               \
-  KEYWORD Tensor<T, 3> TransformerLayer<T>::run_step<T>(const TransformerLayerParams<T>&, const TensorView<const T, 3>&, \
-                                                        KVCache<T, T>&, const AttentionOptions<T>&,                 \
-                                                        const std::vector<Index>&) const;                          \
+  KEYWORD Tensor<T, 3> TransformerLayer<T>::run_step<T, T>(const TransformerLayerParams<T>&,                     \
+                                                           const TensorView<const T, 3>&, KVCache<T, T>&,          \
+                                                           const AttentionOptions<T>&,                             \
+                                                           const std::vector<Index>&) const;                       \
   KEYWORD class TransformerStack<T>
 
 namespace selfattn {

@@ -63,7 +63,8 @@ foreach(type IN ITEMS float double)
                         "selfattn::linear_backward<${type}>(" "selfattn::MultiHeadAttention<${type}>::forward_views("
                         "selfattn::MultiHeadAttention<${type}>::step_views<${type}>("
                         "selfattn::MultiHeadAttention<${type}>::step_into_views<${type}>("
-                        "selfattn::TransformerLayer<${type}>::run_step<${type}>("
+                        "selfattn::MultiHeadAttention<${type}>::forward_into_views<${type}>("
+                        "selfattn::TransformerLayer<${type}>::run_step<${type}, ${type}>("
                         "selfattn::MultiHeadAttention<${type}>::backward_views(")
     string(FIND "${instances_defined}" "${name}" at)
     if(at EQUAL -1)
