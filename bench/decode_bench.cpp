@@ -10,6 +10,8 @@
 //   BM_decode_step/N          MultiHeadAttention::step of one token over a cache of N tokens (E = 1024)
 //   BM_decode_step_bf16/N     the same over a bfloat16 cache (tokens/s: the figure to compare with the float cache)
 //   BM_decode_step_bf16_weights/N  the same with bfloat16 projection weights too (step_into_with, params_cast)
+//   BM_stack_step/N           one token through a 4-layer decoder (E = 1024, F = 4096) over caches of N tokens
+//   BM_stack_step_bf16/N      the same with bfloat16 caches and bfloat16 weights (TransformerStack::step_with)
 //   BM_recompute/N            the same token by a full causal forward over all N tokens (no cache)
 //
 // The figure of merit is BM_decode_kernel's bytes_per_second over BM_triad's for the same N/H/Hkv.
@@ -148,6 +150,50 @@ void BM_decode_step_bf16(benchmark::State& state) { decode_step<selfattn::bfloat
 void BM_decode_step_f16(benchmark::State& state) { decode_step<selfattn::float16>(state); }
 void BM_decode_step_bf16_weights(benchmark::State& state) { decode_step<selfattn::bfloat16, selfattn::bfloat16>(state); }
 
+// One token through a 4-layer decoder (TransformerStack, decoder_layer_config(1024, 8): pre-norm, GELU FFN of 4096,
+// RoPE; 48 MiB of float weights per layer) over caches of N tokens stored as S, with the parameters stored as W
+// (TransformerStack::step_with; params_cast for 16 bits). Every layer's cache is truncated back to N after each step.
+template <typename S = float, typename W = float>
+void stack_step(benchmark::State& state) {
+  use_threads(state, 1);
+  const Index keys = state.range(0), layers = 4, embed = 8 * head_dim;
+  selfattn::TransformerStackConfig cfg;
+  cfg.layer = selfattn::decoder_layer_config(embed, 8);
+  cfg.layer.attention.rope_dim = head_dim;
+  cfg.num_layers = layers;
+  cfg.final_norm = true;
+  const selfattn::TransformerStack<float> model(cfg, 1);
+  const selfattn::TransformerStackParams<W> weights = selfattn::params_cast<W>(model.params());
+  auto cache = model.make_cache<S>(1, selfattn::CachePolicy::keep_all(keys + 1));
+  const Index chunk = 1024;
+  for (auto& layer_cache : cache.layers)
+    for (Index filled_keys = 0; filled_keys < keys; filled_keys += chunk) {
+      const auto rows = filled<3>({8, std::min(chunk, keys - filled_keys), head_dim});
+      layer_cache.append(0, rows, rows);
+    }
+  const auto token = filled<3>({1, 1, embed});
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(model.step_with(weights, token, cache).data());
+    benchmark::ClobberMemory();
+    for (auto& layer_cache : cache.layers) layer_cache.truncate(0, keys);
+  }
+  double weight_bytes = 0.0;
+  for (const auto& layer : weights.layers)
+    for (const auto* w : {&layer.self_attn.q_weight, &layer.self_attn.k_weight, &layer.self_attn.v_weight,
+                          &layer.self_attn.out_weight, &layer.linear1_weight, &layer.linear2_weight})
+      weight_bytes += static_cast<double>(w->size()) * sizeof(W);
+  // Bytes a step must read: every weight matrix and every layer's K and V.
+  state.SetBytesProcessed(static_cast<int64_t>(static_cast<double>(state.iterations()) *
+                                               (weight_bytes + static_cast<double>(layers) * kv_bytes(keys, 8, sizeof(S)))));
+  state.counters["tokens/s"] = benchmark::Counter(1.0, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["weights_MiB"] = weight_bytes / (1024.0 * 1024.0);
+  double cache_bytes = 0.0;
+  for (const auto& layer_cache : cache.layers) cache_bytes += static_cast<double>(layer_cache.memory_bytes());
+  state.counters["cache_MiB"] = cache_bytes / (1024.0 * 1024.0);
+}
+void BM_stack_step(benchmark::State& state) { stack_step<float, float>(state); }
+void BM_stack_step_bf16(benchmark::State& state) { stack_step<selfattn::bfloat16, selfattn::bfloat16>(state); }
+
 // The same token without a cache: a causal forward over the whole sequence, O(N^2) per generated token.
 void BM_recompute(benchmark::State& state) {
   use_threads(state, 1);
@@ -183,5 +229,9 @@ BENCHMARK(BM_decode_step)->Apply(step_shapes)->UseRealTime()->Unit(benchmark::kM
 BENCHMARK(BM_decode_step_bf16)->Apply(step_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_decode_step_f16)->Apply(step_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_decode_step_bf16_weights)->Apply(step_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_stack_step)->ArgNames({"", "threads"})->Args({128, 1})->Args({4096, 1})->Args({4096, 2})
+    ->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_stack_step_bf16)->ArgNames({"", "threads"})->Args({128, 1})->Args({4096, 1})->Args({4096, 2})
+    ->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_recompute)->ArgNames({"", "threads"})->Args({128, 1})->Args({512, 1})->Args({2048, 1})
     ->UseRealTime()->Unit(benchmark::kMillisecond);

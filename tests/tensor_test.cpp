@@ -1,6 +1,7 @@
 // tests/tensor_test.cpp — Tensor (owning, contiguous) and TensorView (strided, non-owning): construction,
 // access, copies and moves, strides, conversions, slicing, permute, reshape, Eigen maps, views of row-major
 // Eigen matrices (as_view) and the element-wise sum (+, +=).
+#include <selfattn/half_precision.hpp>
 #include <selfattn/tensor.hpp>
 
 #include "support/compare.hpp"
@@ -155,6 +156,28 @@ TYPED_TEST(TensorTest, MoveLeavesSourceEmpty) {
   EXPECT_EQ(z.shape(), (std::array<Index, 2>{3, 4}));
   EXPECT_TRUE(y.empty());  // NOLINT(bugprone-use-after-move)
   EXPECT_EQ(y.size(), 0);
+}
+
+// Storage at 64 bytes (detail::tensor_alignment) for every way a tensor gets storage: a shape, a copy of a view, a
+// copy of a tensor; sizes not a multiple of a packet, one element, none; every element type.
+TEST(TensorAlignment, StorageIsAlignedToACacheLine) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 64 == 0; };
+  std::vector<Tensor<float, 2>> keep;  // alive together, so that each comes from a fresh allocation
+  for (Index n : {1, 3, 17, 100, 1000}) {
+    keep.emplace_back(std::array<Index, 2>{n, 3});
+    EXPECT_TRUE(aligned(keep.back().data())) << n;
+    for (Index i = 0; i < keep.back().size(); ++i) ASSERT_EQ(keep.back().data()[i], 0.0f) << "zero-initialised";
+    const Tensor<float, 2> copy(keep.back());
+    EXPECT_TRUE(aligned(copy.data())) << n;
+    const Tensor<float, 2> from_view(TensorView<const float, 2>(keep.back().view()));
+    EXPECT_TRUE(aligned(from_view.data())) << n;
+  }
+  EXPECT_TRUE(aligned(Tensor<double, 1>(std::array<Index, 1>{5}).data()));
+  EXPECT_TRUE(aligned(Tensor<bfloat16, 1>(std::array<Index, 1>{5}).data()));
+  EXPECT_TRUE(aligned(Tensor<float16, 1>(std::array<Index, 1>{5}).data()));
+  EXPECT_TRUE(aligned(Tensor<bool, 1>(std::array<Index, 1>{5}).data()));
+  const Tensor<float, 2> none({0, 4});
+  EXPECT_EQ(none.size(), 0);
 }
 
 TEST(TensorBool, DataIsWritable) {

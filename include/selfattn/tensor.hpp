@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -289,9 +290,36 @@ bool overlaps_itself(const TensorView<T, Rank>& x) {
   return false;
 }
 
+/// Alignment of a Tensor's storage: a cache line, and the widest SIMD packet (AVX-512). Eigen's reductions over a
+/// map (a norm's mean, say) start their packets at the first aligned element, so the order of their sums depends on
+/// the address modulo the packet size; storage at a fixed alignment makes every result a function of the values and
+/// shapes alone, the same bits from run to run (operator new[] aligns only to 16 bytes).
+inline constexpr std::size_t tensor_alignment = 64;
+
+/// Frees storage from allocate_tensor_storage.
+struct TensorStorageDelete {
+  template <typename T>
+  void operator()(T* p) const noexcept {
+    ::operator delete[](p, std::align_val_t{tensor_alignment});
+  }
+};
+
+/// Storage for n elements at tensor_alignment, value-initialised (zero) when `zeroed`, else default-initialised.
+template <typename T>
+T* allocate_tensor_storage(std::size_t n, bool zeroed) {
+  static_assert(std::is_trivially_destructible_v<T>, "selfattn::Tensor holds trivially destructible elements");
+  T* p = static_cast<T*>(::operator new[](n * sizeof(T), std::align_val_t{tensor_alignment}));
+  if (zeroed)
+    std::uninitialized_value_construct_n(p, n);
+  else
+    std::uninitialized_default_construct_n(p, n);
+  return p;
+}
+
 }  // namespace detail
 
-/// \brief An owning, contiguous, row-major, zero-initialised tensor. Copies are deep; moves are cheap.
+/// \brief An owning, contiguous, row-major, zero-initialised tensor, its storage aligned to 64 bytes
+/// (detail::tensor_alignment: the same bits from run to run). Copies are deep; moves are cheap.
 ///
 /// A default-constructed tensor is empty (`data() == nullptr`) and means "absent"; a moved-from one too.
 ///
@@ -315,7 +343,7 @@ class Tensor {
   /// A zero-initialised tensor of this shape. Throws std::invalid_argument for a negative extent.
   explicit Tensor(const Shape& shape) : shape_(shape) {
     detail::check_shape_valid<Rank>(shape);
-    data_.reset(new T[static_cast<std::size_t>(size())]());
+    data_.reset(detail::allocate_tensor_storage<T>(static_cast<std::size_t>(size()), true));
   }
   /// A zero-initialised tensor of a braced shape, `Tensor<float, 4>({2, 4, 5, 8})`; a list of another length
   /// than Rank does not compile.
@@ -324,7 +352,7 @@ class Tensor {
   /// A contiguous copy of a view's elements.
   explicit Tensor(const TensorView<const T, Rank>& view) : shape_(view.shape()) {
     detail::check_shape_valid<Rank>(shape_);
-    data_.reset(new T[static_cast<std::size_t>(size())]);  // not zeroed: copy_from writes every element
+    data_.reset(detail::allocate_tensor_storage<T>(static_cast<std::size_t>(size()), false));  // copy_from writes all
     copy_from(view);
   }
 
@@ -332,7 +360,7 @@ class Tensor {
   /// stays absent.
   Tensor(const Tensor& other) : shape_(other.shape_) {
     if (!other.data_) return;
-    data_.reset(new T[static_cast<std::size_t>(size())]);  // not zeroed: every element is copied
+    data_.reset(detail::allocate_tensor_storage<T>(static_cast<std::size_t>(size()), false));  // all copied below
     std::copy(other.data(), other.data() + size(), data());
   }
   /// Takes the storage; `other` becomes empty.
@@ -408,7 +436,7 @@ class Tensor {
   }
 
  private:
-  std::unique_ptr<T[]> data_;
+  std::unique_ptr<T, detail::TensorStorageDelete> data_;  // at detail::tensor_alignment
   Shape shape_{};
 };
 
