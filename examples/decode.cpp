@@ -17,7 +17,12 @@
 //      a 64k-token cache adds), and the largest difference between the two caches' outputs. Exit 1 unless the
 //      16-bit cache takes half the bytes and its outputs stay within bfloat16 rounding of the float cache's; and
 //      with the projection weights in bfloat16 too (params_cast, step_into_with), every byte a step reads is 16-bit.
-//      `--quick` (what ctest runs): 4k cached tokens and an 8k-token cache measured, instead of 32k and 64k.
+//      `--quick` (what ctest runs): 4k cached tokens and an 8k-token cache measured, instead of 32k and 64k;
+//   6. a whole decoder (4 GPT-style layers of E = 1024 and a final norm, TransformerStack) with float parameters
+//      and caches against bfloat16 parameters and caches (params_cast, TransformerStack::step_with) over 8k
+//      cached tokens per layer (1k with --quick): tokens per second, MiB of weights and caches, the largest
+//      difference of the outputs. Exit 1 unless bfloat16 takes exactly half the bytes and the outputs agree to a
+//      few bfloat16 roundings per layer.
 // Latencies are medians over a few tokens (the machine may be busy with other work); they include the
 // embedding lookup, the step, the readout and the argmax.
 #include <selfattn/selfattn.hpp>
@@ -47,6 +52,8 @@ const std::vector<Index> recompute_lengths = {128, 256, 512, 1024};
 constexpr Index half_cache_tokens = 32768;      // section 5: tokens in the float and bfloat16 caches
 constexpr Index resident_cache_tokens = 65536;  // section 5: the cache whose resident memory is measured
 constexpr Index quick_divisor = 8;              // --quick: both sizes / 8
+constexpr Index decoder_embed = 1024, decoder_layers = 4;  // section 6: the decoder (F = 4E)
+constexpr Index decoder_cache_tokens = 8192;               // section 6: tokens in every layer's cache
 #else
 constexpr Index longest = 512;
 constexpr Index window = 64;
@@ -54,6 +61,8 @@ const std::vector<Index> recompute_lengths = {32, 128};
 constexpr Index half_cache_tokens = 2048;
 constexpr Index resident_cache_tokens = 4096;
 constexpr Index quick_divisor = 1;
+constexpr Index decoder_embed = 256, decoder_layers = 2;
+constexpr Index decoder_cache_tokens = 512;
 #endif
 constexpr Index embed_dim = 256, heads = 8, kv_heads = 2, vocab = 64, sinks = 4;
 constexpr Index timed_tokens = 15;  // latency at length N: the median of the steps that reach N .. N + 14
@@ -377,6 +386,89 @@ bool compare_float_and_bfloat16_caches(Index cached_tokens, Index measured_token
   return worst <= allowed && worst_all_half <= allowed_all_half && half_the_bytes;
 }
 
+// ---- 6. a whole decoder in 16 bits -----------------------------------------------------------------------------
+
+/// Bytes of every weight matrix and vector of a stack's parameters stored as P.
+template <typename P>
+double parameter_bytes(const TransformerStackParams<P>& p) {
+  double elements = static_cast<double>(p.norm_weight.size() + p.norm_bias.size());
+  for (const TransformerLayerParams<P>& l : p.layers) {
+    for (const Tensor<P, 2>* w : {&l.self_attn.q_weight, &l.self_attn.k_weight, &l.self_attn.v_weight,
+                                  &l.self_attn.out_weight, &l.linear1_weight, &l.linear2_weight})
+      elements += static_cast<double>(w->size());
+    for (const Tensor<P, 1>* b : {&l.self_attn.q_bias, &l.self_attn.k_bias, &l.self_attn.v_bias, &l.self_attn.out_bias,
+                                  &l.linear1_bias, &l.linear2_bias, &l.norm1_weight, &l.norm1_bias, &l.norm2_weight,
+                                  &l.norm2_bias})
+      elements += static_cast<double>(b->size());
+  }
+  return elements * sizeof(P);
+}
+
+/// A GPT-style decoder (decoder_layer_config: pre-norm, GELU, RoPE; a final norm) run two ways on the same tokens: float
+/// parameters and float caches (step), bfloat16 parameters and bfloat16 caches (params_cast, step_with). Every
+/// layer's cache holds the same `cached_tokens` random keys and values (appended directly).
+bool compare_float_and_bfloat16_decoder(Index cached_tokens) {
+  constexpr Index decoder_heads = 8, timed = 25;
+  TransformerStackConfig cfg;
+  cfg.layer = decoder_layer_config(decoder_embed, decoder_heads);
+  cfg.layer.attention.rope_dim = decoder_embed / decoder_heads;
+  cfg.num_layers = decoder_layers;
+  cfg.final_norm = true;
+  const TransformerStack<float> model(cfg, 13);
+  const TransformerStackParams<bfloat16> half_weights = params_cast<bfloat16>(model.params());
+  const CachePolicy policy = CachePolicy::keep_all(cached_tokens + timed);
+  TransformerStackCache<float> wide = model.make_cache(1, policy);
+  TransformerStackCache<float, bfloat16> half = model.make_cache<bfloat16>(1, policy);
+  std::mt19937 random(6);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const Index head_dim = decoder_embed / decoder_heads;
+  Tensor<float, 3> keys({decoder_heads, cached_tokens, head_dim}), values({decoder_heads, cached_tokens, head_dim});
+  for (Index layer = 0; layer < decoder_layers; ++layer) {
+    for (Tensor<float, 3>* t : {&keys, &values})
+      for (Index n = 0; n < t->size(); ++n) t->data()[n] = normal(random);
+    wide.layers[static_cast<std::size_t>(layer)].append(0, keys, values);
+    half.layers[static_cast<std::size_t>(layer)].append(0, keys, values);
+  }
+  Tensor<float, 3> token({1, 1, decoder_embed});
+  std::vector<double> wide_us, half_us;
+  double worst = 0, scale = 0;
+  for (Index t = 0; t < timed; ++t) {
+    for (Index n = 0; n < token.size(); ++n) token.data()[n] = normal(random);
+    auto start = std::chrono::steady_clock::now();
+    const Tensor<float, 3> out_wide = model.step(token, wide);
+    wide_us.push_back(microseconds_since(start));
+    start = std::chrono::steady_clock::now();
+    const Tensor<float, 3> out_half = model.step_with(half_weights, token, half);
+    half_us.push_back(microseconds_since(start));
+    for (Index n = 0; n < out_wide.size(); ++n) {
+      worst = std::max(worst, std::abs(static_cast<double>(out_half.data()[n]) - out_wide.data()[n]));
+      scale = std::max(scale, std::abs(static_cast<double>(out_wide.data()[n])));
+    }
+  }
+  const double wide_rate = 1e6 / median(wide_us), half_rate = 1e6 / median(half_us), mib = 1024.0 * 1024.0;
+  const double wide_weights = parameter_bytes(model.params()), half_weight_bytes = parameter_bytes(half_weights);
+  std::printf("decoder: %td layers of E = %td, H = %td, F = %td (GELU, pre-norm, RoPE), a final norm; %td cached "
+              "tokens per layer, then %td new ones (median)\n",
+              decoder_layers, decoder_embed, decoder_heads, 4 * decoder_embed, cached_tokens, timed);
+  std::printf("%-22s | %10s | %12s | %12s\n", "parameters and caches", "tokens/s", "weights MiB", "caches MiB");
+  std::printf("-----------------------+------------+--------------+-------------\n");
+  std::printf("%-22s | %10.1f | %12.1f | %12.1f\n", "float", wide_rate, wide_weights / mib, wide.memory_bytes() / mib);
+  std::printf("%-22s | %10.1f | %12.1f | %12.1f\n", "bfloat16", half_rate, half_weight_bytes / mib,
+              half.memory_bytes() / mib);
+  std::printf("bfloat16 / float: %.2fx the tokens per second, %.3fx the bytes of weights and caches\n",
+              half_rate / wide_rate,
+              (half_weight_bytes + static_cast<double>(half.memory_bytes())) /
+                  (wide_weights + static_cast<double>(wide.memory_bytes())));
+  // Every weight and cached value rounded to 8 significant bits: each layer's output moves by a few bfloat16
+  // roundings of its size, and the layers add them up (the final norm keeps the outputs of order 1).
+  const double allowed = static_cast<double>(decoder_layers) * 4.0 * std::ldexp(1.0, -8) * scale;
+  std::printf("max |output difference| over the %td tokens: %.2e (largest |output| %.2f; allowed %.2e) %s\n", timed,
+              worst, scale, allowed, worst <= allowed ? "(ok)" : "(FAILED)");
+  const bool half_the_bytes = 2.0 * half_weight_bytes == wide_weights && 2 * half.memory_bytes() == wide.memory_bytes();
+  std::printf("bfloat16 weights and caches hold exactly half the bytes: %s\n", half_the_bytes ? "(ok)" : "(FAILED)");
+  return worst <= allowed && half_the_bytes;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -425,6 +517,9 @@ int main(int argc, char** argv) {
   std::printf("\n== 5. a float and a bfloat16 cache side by side\n");
   const Index divisor = quick ? quick_divisor : 1;
   ok = compare_float_and_bfloat16_caches(half_cache_tokens / divisor, resident_cache_tokens / divisor) && ok;
+
+  std::printf("\n== 6. a whole decoder with bfloat16 weights and caches\n");
+  ok = compare_float_and_bfloat16_decoder(decoder_cache_tokens / divisor) && ok;
 
   std::printf("\n%s\n", ok ? "all checks passed" : "A CHECK FAILED");
   return ok ? 0 : 1;

@@ -432,7 +432,7 @@ TYPED_TEST(HalfPrecisionTest, LinearReadsSixteenBitWeights) {
 }
 
 // MultiHeadAttention::step_with on 16-bit parameters (params_cast) equals step_with on float parameters holding the
-// same values, to float rounding: a prompt of 20 rows (the widened GEMM), then single tokens for two sequences (the
+// same values, bitwise: a prompt of 20 rows (the widened GEMM), then single tokens for two sequences (the
 // in-place products), GQA, biases, RoPE, over a float and a 16-bit cache; step_into_with writes bitwise what
 // step_with returns; the parameters are the argument's (another module's params() never enter); wrong shapes name
 // the tensor before the cache changes.
@@ -451,22 +451,24 @@ TYPED_TEST(HalfPrecisionTest, ModuleStepsWithSixteenBitParameters) {
   KVCache<float, S> cache_half = other.make_cache<S>(2), cache_wide = other.make_cache<S>(2);
   KVCache<float, S> cache_into = other.make_cache<S>(2);
   KVCache<float> float_cache_half = other.make_cache(2), float_cache_wide = other.make_cache(2);
-  const Tensor<float, 3> prompt = random.normal_tensor<float, 3>({2, 10, 48});  // 20 rows
-  EXPECT_TRUE(test::all_close(other.step_with(half, prompt, cache_half), source.step_with(wide, prompt, cache_wide), 1e-5));
+  const auto expect_bitwise = [](const Tensor<float, 3>& got, const Tensor<float, 3>& expected) {
+    ASSERT_EQ(got.shape(), expected.shape());
+    for (Index n = 0; n < got.size(); ++n) ASSERT_EQ(got.data()[n], expected.data()[n]) << "element " << n;
+  };
+  const Tensor<float, 3> prompt = random.normal_tensor<float, 3>({2, 10, 48});  // 20 rows: the weights widened
+  expect_bitwise(other.step_with(half, prompt, cache_half), source.step_with(wide, prompt, cache_wide));
   other.step_with(half, prompt, cache_into);
-  EXPECT_TRUE(test::all_close(other.step_with(half, prompt, float_cache_half),
-                              source.step_with(wide, prompt, float_cache_wide), 1e-5));
-  for (int t = 0; t < 4; ++t) {
+  expect_bitwise(other.step_with(half, prompt, float_cache_half), source.step_with(wide, prompt, float_cache_wide));
+  for (int t = 0; t < 4; ++t) {  // 2 rows: the weights read in place
+    SCOPED_TRACE("step " + std::to_string(t));
     const Tensor<float, 3> token = random.normal_tensor<float, 3>({2, 1, 48});
     const Tensor<float, 3> expected = source.step_with(wide, token, cache_wide);
     Tensor<float, 3> into({2, 1, 48});
     other.step_into_with(half, token, cache_into, into.view());
     const Tensor<float, 3> got = other.step_with(half, token, cache_half);
-    EXPECT_TRUE(test::all_close(got, expected, 1e-5)) << "step " << t;
-    for (Index n = 0; n < got.size(); ++n) ASSERT_EQ(into.data()[n], got.data()[n]) << "step " << t;
-    EXPECT_TRUE(test::all_close(other.step_with(half, token, float_cache_half),
-                                source.step_with(wide, token, float_cache_wide), 1e-5))
-        << "step " << t;
+    expect_bitwise(got, expected);
+    expect_bitwise(into, got);
+    expect_bitwise(other.step_with(half, token, float_cache_half), source.step_with(wide, token, float_cache_wide));
   }
   MhaParams<S> wrong = half;
   wrong.k_weight = Tensor<S, 2>({24, 47});
@@ -477,8 +479,8 @@ TYPED_TEST(HalfPrecisionTest, ModuleStepsWithSixteenBitParameters) {
 }
 
 // MultiHeadAttention::forward_into_with on 16-bit parameters against forward_into of a module holding the same values
-// in float: bitwise where every projection has 16 rows or more (weights widened once; self- and cross-attention),
-// to float rounding for fewer (read in place); errors name the parameter and write nothing.
+// in float: bitwise, with 16 rows or more (weights widened once) and with fewer (read in place), for self- and
+// cross-attention; errors name the parameter and write nothing.
 TYPED_TEST(HalfPrecisionTest, ModuleForwardIntoWithSixteenBitParameters) {
   using S = TypeParam;
   Random random(17);
@@ -504,12 +506,9 @@ TYPED_TEST(HalfPrecisionTest, ModuleForwardIntoWithSixteenBitParameters) {
       Tensor<float, 3> got({2, q_len, 48}), expected({2, q_len, 48});
       mha.forward_into_with(half, query, key, key, got.view(), ws, opts);
       rounded.forward_into(query, key, key, expected.view(), ws_rounded, opts);
-      if (q_len == 10) {  // 20 query rows and 18 key rows: every weight widened
-        for (Index n = 0; n < got.size(); ++n) ASSERT_EQ(got.data()[n], expected.data()[n]) << "element " << n;
-      } else {  // 2 query rows: W_q and W_out read in place (and W_k, W_v for self-attention)
-        EXPECT_TRUE(test::all_close(got, expected, 1e-5)) << "Lq = " << q_len;
-        EXPECT_FALSE(test::all_close(got, expected, 0.0)) << "the in-place route sums in another order";
-      }
+      // Lq = 10: 20 query rows and 18 key rows, every weight widened once (then Eigen's GEMM); Lq = 1: 2 query rows,
+      // W_q and W_out (and W_k, W_v for self-attention) read in place by the few-row kernel. Bitwise either way.
+      for (Index n = 0; n < got.size(); ++n) ASSERT_EQ(got.data()[n], expected.data()[n]) << "Lq " << q_len << ", element " << n;
     }
     MhaParams<S> wrong = half;
     wrong.out_weight = Tensor<S, 2>({48, 47});
@@ -547,9 +546,10 @@ void randomize_norms(TransformerLayerParams<float>& p, Random& random) {
     for (Index n = 0; n < t->size(); ++n) t->data()[n] = 1.0f + 0.5f * static_cast<float>(random.normal());
 }
 
-// TransformerLayer::step_with and TransformerStack::step_with on 16-bit parameters against the same values in float:
-// a 20-row prompt (the weights widened once, float GEMMs) bitwise, decode steps (the weights read in place) to float
-// rounding; pre- and post-norm, over 16-bit and float caches; a wrong shape names the parameter and leaves the cache.
+// TransformerLayer::step_with and TransformerStack::step_with on 16-bit parameters against modules holding the same
+// values in float, bitwise: a 20-row prompt (the weights widened once, float GEMMs) and decode steps (the weights
+// read in place); pre- and post-norm, over 16-bit and float caches; a wrong shape names the parameter and leaves the
+// cache.
 TYPED_TEST(HalfPrecisionTest, LayerAndStackStepWithSixteenBitParameters) {
   using S = TypeParam;
   Random random(21);
@@ -586,18 +586,13 @@ TYPED_TEST(HalfPrecisionTest, LayerAndStackStepWithSixteenBitParameters) {
     expect_bitwise(layer.step_with(half.layers[0], prompt, layer_half), rounded_layer.step(prompt, layer_wide));
     expect_bitwise(model.step_with(half, prompt, stack_half), rounded.step(prompt, stack_wide));
     expect_bitwise(model.step_with(half, prompt, stack_float_half), rounded.step(prompt, stack_float_wide));
-    for (int t = 0; t < 3; ++t) {
+    for (int t = 0; t < 3; ++t) {  // 2 rows: the weights read in place
+      SCOPED_TRACE("decode step " + std::to_string(t));
       const Tensor<float, 3> token = random.normal_tensor<float, 3>({2, 1, 48});
-      const Tensor<float, 3> expected = rounded_layer.step(token, layer_wide);
-      const Tensor<float, 3> got = layer.step_with(half.layers[0], token, layer_half);
-      EXPECT_TRUE(test::all_close(got, expected, 1e-5)) << "layer step " << t;
-      EXPECT_TRUE(test::all_close(model.step_with(half, token, stack_half), rounded.step(token, stack_wide), 1e-5))
-          << "stack step " << t;
-      EXPECT_TRUE(test::all_close(model.step_with(half, token, stack_float_half),
-                                  rounded.step(token, stack_float_wide), 1e-5))
-          << "stack step over a float cache " << t;
+      expect_bitwise(layer.step_with(half.layers[0], token, layer_half), rounded_layer.step(token, layer_wide));
+      expect_bitwise(model.step_with(half, token, stack_half), rounded.step(token, stack_wide));
+      expect_bitwise(model.step_with(half, token, stack_float_half), rounded.step(token, stack_float_wide));
     }
-    // The few-row route is not the widened one: the decode steps above compared different code.
     EXPECT_EQ(layer_half.lengths(), layer_wide.lengths());
 
     TransformerStackParams<S> wrong = half;

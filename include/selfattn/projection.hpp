@@ -126,29 +126,31 @@ struct StackedProjection {
   Eigen::Matrix<T, Eigen::Dynamic, 1> bias;
 };
 
-/// linear_into with W (Out, In) and b (Out) or empty stored as W: T (linear_into itself), or 16 bits with x and y in
-/// T = float. With 16-bit weights a few rows (fewer than fused_projection_min_rows: a decode step) read W in place
-/// (linear_few_rows, bound by memory: half the bytes); more rows widen W and b once into `scratch` and run the GEMM.
+/// linear_into with W (Out, In) and b (Out) or empty stored as W: T, or 16 bits with x and y in T = float. A few rows
+/// (fewer than fused_projection_min_rows: a decode step) read W in place (linear_few_rows: bound by memory, threads
+/// sharing the outputs; with 16-bit weights half the bytes, and bitwise the result of float weights of the same
+/// values); more rows run Eigen's GEMM (linear_into), 16-bit W and b first widened once into `scratch`.
 template <typename T, typename W>
 void linear_into_stored(const TensorView<const T, 3>& x, const TensorView<const W, 2>& weight,
                         const TensorView<const W, 1>& bias, const TensorView<T, 3>& y, StackedProjection<T>& scratch) {
+  static_assert(std::is_same_v<W, T> || (std::is_same_v<T, float> && is_half_width_v<W>),
+                "16-bit weights project float activations");
+  const Index rows = x.dim(0) * x.dim(1);
+  if (rows == 0) return;
+  if (rows < fused_projection_min_rows) {
+    std::array<const T*, few_rows_max> x_rows{};
+    std::array<T*, few_rows_max> y_rows{};
+    for (Index r = 0; r < rows; ++r) {
+      const Index b = r / x.dim(1), l = r % x.dim(1);
+      x_rows[static_cast<std::size_t>(r)] = x.data() + b * x.stride(0) + l * x.stride(1);
+      y_rows[static_cast<std::size_t>(r)] = y.data() + b * y.stride(0) + l * y.stride(1);
+    }
+    linear_few_rows<T, W>(x_rows, y_rows, rows, x.dim(2), weight, bias);
+    return;
+  }
   if constexpr (std::is_same_v<W, T>) {
     linear_into(x, weight, bias, y);
   } else {
-    static_assert(std::is_same_v<T, float> && is_half_width_v<W>, "16-bit weights project float activations");
-    const Index rows = x.dim(0) * x.dim(1);
-    if (rows == 0) return;
-    if (rows < fused_projection_min_rows) {
-      std::array<const T*, few_rows_max> x_rows{};
-      std::array<T*, few_rows_max> y_rows{};
-      for (Index r = 0; r < rows; ++r) {
-        const Index b = r / x.dim(1), l = r % x.dim(1);
-        x_rows[static_cast<std::size_t>(r)] = x.data() + b * x.stride(0) + l * x.stride(1);
-        y_rows[static_cast<std::size_t>(r)] = y.data() + b * y.stride(0) + l * y.stride(1);
-      }
-      linear_few_rows<T, W>(x_rows, y_rows, rows, x.dim(2), weight, bias);
-      return;
-    }
     scratch.weight.resize(weight.dim(0), weight.dim(1));
     convert_view<W, T, 2>(weight, TensorView<T, 2>(scratch.weight.data(), weight.shape()));
     scratch.bias.resize(bias.size());

@@ -70,15 +70,17 @@ void feed_forward_forward(Activation activation, T p, std::uint64_t seed, const 
   const Index batch = x.dim(0), length = x.dim(1);
   saved.pre_activation = Tensor<T, 3>({batch, length, w.linear1_weight.dim(0)});
   saved.hidden = Tensor<T, 3>({batch, length, w.linear2_weight.dim(1)});
-  linear_into<T>(x, w.linear1_weight, w.linear1_bias, saved.pre_activation.view());  // z = x W1^T + b1
+  StackedProjection<T> unused;  // T weights: linear_into_stored widens nothing (its few-row kernel as inference's)
+  linear_into_stored<T, T>(x, w.linear1_weight, w.linear1_bias, saved.pre_activation.view(), unused);  // z = x W1^T + b1
   activation_forward<T>(activation, saved.pre_activation.view(), saved.hidden.view());  // h = act(z)
   dropout_activations<T>(saved.hidden.view(), p, seed);                                 // h = dropout(h)
-  linear_into<T>(saved.hidden.view(), w.linear2_weight, w.linear2_bias, y);             // y = h W2^T + b2
+  linear_into_stored<T, T>(saved.hidden.view(), w.linear2_weight, w.linear2_bias, y, unused);  // y = h W2^T + b2
 }
 
 /// y = linear2(activation(linear1(x))) into y (B, L, E) for inference (no dropout, nothing saved) with the weights
 /// stored as P: T (then bitwise feed_forward_forward with p = 0), or 16 bits with T = float (linear_into_stored:
-/// a few rows read the weights in place, more widen them once into `scratch`).
+/// a few rows read the weights in place, more widen them once into `scratch`; bitwise float weights of the same
+/// values either way).
 template <typename T, typename P>
 void feed_forward_inference(Activation activation, const TensorView<const T, 3>& x, const FeedForwardWeights<P>& w,
                             const TensorView<T, 3>& y, StackedProjection<T>& scratch) {

@@ -660,9 +660,11 @@ class MultiHeadAttention {
       return {heads(blocks[0], config_.num_heads), heads(blocks[1], config_.num_kv_heads),
               heads(blocks[2], config_.num_kv_heads)};
     }
+    // linear_into_stored as forward_into's cross-attention path: a few rows through the same kernel, the same bits.
     const auto project_one = [](const TensorView<const T, 3>& x, const Tensor<T, 2>& w, const Tensor<T, 1>& b) {
       Tensor<T, 3> y(std::array<Index, 3>{x.dim(0), x.dim(1), w.dim(0)});
-      detail::linear_into<T>(x, w.view(), b.view(), y.view());
+      detail::StackedProjection<T> unused;  // T weights: nothing to widen
+      detail::linear_into_stored<T, T>(x, w.view(), b.view(), y.view(), unused);
       return y;
     };
     return {heads(project_one(query, parameters.q_weight, parameters.q_bias).view(), config_.num_heads),
