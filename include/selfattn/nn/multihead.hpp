@@ -432,8 +432,8 @@ class MultiHeadAttention {
   /// Activations, RoPE, attention and the sums of the projections are float, as in step; a decode step reads each
   /// weight once, in place, widening it in registers (half the bytes of float weights); a prompt of 16 rows or more
   /// widens the weights once and runs float GEMMs. Shapes, checks and errors as step (the parameters' shapes checked
-  /// like params()'s). The output equals step_with on the float parameters holding the same values, to float
-  /// rounding (the few-row products sum in another order). half_precision.md.
+  /// like params()'s). The output is bitwise that of step_with on float parameters holding the same values (both
+  /// routes sum as the float module does). half_precision.md.
   /// \code
   /// const MhaParams<bfloat16> weights = params_cast<bfloat16>(mha.params());
   /// auto cache = mha.make_cache<bfloat16>(1);      // a 16-bit cache too: every byte a step reads is 16-bit

@@ -285,7 +285,7 @@ class TransformerLayer {
   ///
   /// Activations, norms, attention, activation functions and every sum are float, as in step. A decode step (fewer
   /// than 16 new rows) reads each projection's weights once, in place, widening them in registers: half the bytes of
-  /// float weights; 16 rows or more widen each weight matrix once and run float GEMMs, and then the output is bitwise
+  /// float weights; 16 rows or more widen each weight matrix once and run float GEMMs. Either way the output is bitwise
   /// that of step_with on float parameters holding the same (rounded) values. Shapes, checks and errors as step (the
   /// parameters named like params()'s). docs/half_precision.md.
   /// \code

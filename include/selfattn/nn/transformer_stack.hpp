@@ -222,9 +222,9 @@ class TransformerStack {
   /// bfloat16 or float16, the stack float) for inference with every weight read in 16 bits
   /// (TransformerLayer::step_with's 16-bit overload; the final norm's weights widened).
   ///
-  /// `parameters` must have the shapes of params() (checked, naming `params().<name>`). With 16-bit parameters a
-  /// prompt of 16 rows or more gives bitwise the output of float parameters holding the same values; decode steps
-  /// (fewer rows) read the weights in place and agree to float rounding. docs/half_precision.md.
+  /// `parameters` must have the shapes of params() (checked, naming `params().<name>`). With 16-bit parameters the
+  /// output is bitwise that of float parameters holding the same values, for prompts (the weights widened once) and
+  /// decode steps (read in place) alike. docs/half_precision.md.
   /// \code
   /// const TransformerStackParams<bfloat16> weights = params_cast<bfloat16>(model.params());   // half the bytes
   /// auto cache = model.make_cache<bfloat16>(1);
