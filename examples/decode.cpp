@@ -18,8 +18,9 @@
 //      16-bit cache takes half the bytes and its outputs stay within bfloat16 rounding of the float cache's; and
 //      with the projection weights in bfloat16 too (params_cast, step_into_with), every byte a step reads is 16-bit.
 //      `--quick` (what ctest runs): 4k cached tokens and an 8k-token cache measured, instead of 32k and 64k;
-//   6. a whole decoder (4 GPT-style layers of E = 1024 and a final norm, TransformerStack) with float parameters
-//      and caches against bfloat16 parameters and caches (params_cast, TransformerStack::step_with) over 8k
+//   6. a whole decoder (4 GPT-style layers of E = 1024 and a final norm, TransformerStack) with float parameters,
+//      caches and tokens against bfloat16 parameters, caches and tokens in and out (params_cast,
+//      TransformerStack::step_with on a bfloat16 token: widened on entry, the output rounded once) over 8k
 //      cached tokens per layer (1k with --quick): tokens per second, MiB of weights and caches, the largest
 //      difference of the outputs. Exit 1 unless bfloat16 takes exactly half the bytes and the outputs agree to a
 //      few bfloat16 roundings per layer.
@@ -405,8 +406,9 @@ double parameter_bytes(const TransformerStackParams<P>& p) {
 }
 
 /// A GPT-style decoder (decoder_layer_config: pre-norm, GELU, RoPE; a final norm) run two ways on the same tokens: float
-/// parameters and float caches (step), bfloat16 parameters and bfloat16 caches (params_cast, step_with). Every
-/// layer's cache holds the same `cached_tokens` random keys and values (appended directly).
+/// parameters, caches and activations (step), and everything a caller holds in bfloat16: parameters, caches, the token
+/// in and the output (params_cast, step_with on a Tensor<bfloat16, 3>). Every layer's cache holds the same
+/// `cached_tokens` random keys and values (appended directly).
 bool compare_float_and_bfloat16_decoder(Index cached_tokens) {
   constexpr Index decoder_heads = 8, timed = 25;
   TransformerStackConfig cfg;
@@ -437,8 +439,9 @@ bool compare_float_and_bfloat16_decoder(Index cached_tokens) {
     auto start = std::chrono::steady_clock::now();
     const Tensor<float, 3> out_wide = model.step(token, wide);
     wide_us.push_back(microseconds_since(start));
+    const Tensor<bfloat16, 3> token_half = tensor_cast<bfloat16>(token);  // the caller's 16-bit embedding
     start = std::chrono::steady_clock::now();
-    const Tensor<float, 3> out_half = model.step_with(half_weights, token, half);
+    const Tensor<bfloat16, 3> out_half = model.step_with(half_weights, token_half, half);
     half_us.push_back(microseconds_since(start));
     for (Index n = 0; n < out_wide.size(); ++n) {
       worst = std::max(worst, std::abs(static_cast<double>(out_half.data()[n]) - out_wide.data()[n]));
@@ -450,7 +453,7 @@ bool compare_float_and_bfloat16_decoder(Index cached_tokens) {
   std::printf("decoder: %td layers of E = %td, H = %td, F = %td (GELU, pre-norm, RoPE), a final norm; %td cached "
               "tokens per layer, then %td new ones (median)\n",
               decoder_layers, decoder_embed, decoder_heads, 4 * decoder_embed, cached_tokens, timed);
-  std::printf("%-22s | %10s | %12s | %12s\n", "parameters and caches", "tokens/s", "weights MiB", "caches MiB");
+  std::printf("%-22s | %10s | %12s | %12s\n", "weights, caches, tokens", "tokens/s", "weights MiB", "caches MiB");
   std::printf("-----------------------+------------+--------------+-------------\n");
   std::printf("%-22s | %10.1f | %12.1f | %12.1f\n", "float", wide_rate, wide_weights / mib, wide.memory_bytes() / mib);
   std::printf("%-22s | %10.1f | %12.1f | %12.1f\n", "bfloat16", half_rate, half_weight_bytes / mib,
@@ -459,8 +462,8 @@ bool compare_float_and_bfloat16_decoder(Index cached_tokens) {
               half_rate / wide_rate,
               (half_weight_bytes + static_cast<double>(half.memory_bytes())) /
                   (wide_weights + static_cast<double>(wide.memory_bytes())));
-  // Every weight and cached value rounded to 8 significant bits: each layer's output moves by a few bfloat16
-  // roundings of its size, and the layers add them up (the final norm keeps the outputs of order 1).
+  // Every weight, cached value, input and output rounded to 8 significant bits: each layer's output moves by a few
+  // bfloat16 roundings of its size, and the layers add them up (the final norm keeps the outputs of order 1).
   const double allowed = static_cast<double>(decoder_layers) * 4.0 * std::ldexp(1.0, -8) * scale;
   std::printf("max |output difference| over the %td tokens: %.2e (largest |output| %.2f; allowed %.2e) %s\n", timed,
               worst, scale, allowed, worst <= allowed ? "(ok)" : "(FAILED)");
@@ -518,7 +521,7 @@ int main(int argc, char** argv) {
   const Index divisor = quick ? quick_divisor : 1;
   ok = compare_float_and_bfloat16_caches(half_cache_tokens / divisor, resident_cache_tokens / divisor) && ok;
 
-  std::printf("\n== 6. a whole decoder with bfloat16 weights and caches\n");
+  std::printf("\n== 6. a whole decoder in bfloat16: weights, caches, tokens in and out\n");
   ok = compare_float_and_bfloat16_decoder(decoder_cache_tokens / divisor) && ok;
 
   std::printf("\n%s\n", ok ? "all checks passed" : "A CHECK FAILED");

@@ -375,17 +375,22 @@ INSTANTIATE_TEST_SUITE_P(
                       StepCase{"rope_sinks", 1, 4, 1, 64, 16, false, CachePolicy::attention_sinks(4, 32), 50}),
     [](const ::testing::TestParamInfo<StepCase>& info) { return std::string(info.param.name); });
 
-// step_into_with on 16-bit parameters: after the first step of a shape, neither single tokens (weights read in
-// place) nor 20-row chunks (weights widened into the cache's workspace; a 16-bit cache's keys and values widened a
-// tile at a time by the fused kernel) allocate, over a float or a 16-bit cache growing within its capacity.
-template <typename S>
-void expect_steady_steps_with_half_weights(Index rows) {
+// The module the 16-bit steady-state tests step: E = 64, four query heads over two key/value heads, RoPE.
+MultiHeadAttentionConfig grouped_rope_config() {
   MultiHeadAttentionConfig cfg;
   cfg.embed_dim = 64;
   cfg.num_heads = 4;
   cfg.num_kv_heads = 2;
   cfg.rope_dim = 16;
-  const MultiHeadAttention<float> mha(cfg, 42);
+  return cfg;
+}
+
+// step_into_with on 16-bit parameters: after the first step of a shape, neither single tokens (weights read in
+// place) nor 20-row chunks (weights widened into the cache's workspace; a 16-bit cache's keys and values widened a
+// tile at a time by the fused kernel) allocate, over a float or a 16-bit cache growing within its capacity.
+template <typename S>
+void expect_steady_steps_with_half_weights(Index rows) {
+  const MultiHeadAttention<float> mha(grouped_rope_config(), 42);
   const MhaParams<bfloat16> weights = params_cast<bfloat16>(mha.params());
   KVCache<float, S> cache = mha.make_cache<S>(1);
   cache.reserve(200);
@@ -406,6 +411,32 @@ TEST(StepIntoWith, SixteenBitParametersAllocateNothingInTheSteadyState) {
   for (Index rows : {Index(1), Index(20)}) {
     expect_steady_steps_with_half_weights<bfloat16>(rows);
     expect_steady_steps_with_half_weights<float>(rows);
+  }
+}
+
+// step_into and step_into_with on bfloat16 activations (x_new and output 16-bit): the widened input and the float
+// output before its rounding live in the cache's workspace, so steady steps allocate nothing either.
+TEST(StepIntoWith, SixteenBitActivationsAllocateNothingInTheSteadyState) {
+  SKIP_UNDER_TSAN();
+  const OneThread one_thread;
+  const MultiHeadAttention<float> mha(grouped_rope_config(), 42);
+  const MhaParams<bfloat16> weights = params_cast<bfloat16>(mha.params());
+  for (const Index rows : {Index(1), Index(20)}) {
+    KVCache<float, bfloat16> cache = mha.make_cache<bfloat16>(1);
+    cache.reserve(200);
+    Random rng(4);
+    Tensor<bfloat16, 3> y({1, rows, 64});
+    const Tensor<bfloat16, 3> warm_up = tensor_cast<bfloat16>(rng.normal_tensor<float, 3>({1, rows, 64}));
+    mha.step_into(warm_up, cache, y);  // the first call of the shape with each kind of weights
+    mha.step_into_with(weights, warm_up, cache, y);
+    for (int t = 0; t < 3; ++t) {
+      SCOPED_TRACE(std::to_string(rows) + " rows, step " + std::to_string(t));
+      const Tensor<bfloat16, 3> x = tensor_cast<bfloat16>(rng.normal_tensor<float, 3>({1, rows, 64}));
+      const Allocations float_weights = count_allocations(1, [&] { mha.step_into(x, cache, y); });
+      EXPECT_NO_ALLOCATION(float_weights);
+      const Allocations half_weights = count_allocations(1, [&] { mha.step_into_with(weights, x, cache, y); });
+      EXPECT_NO_ALLOCATION(half_weights);
+    }
   }
 }
 
@@ -490,6 +521,35 @@ TEST(ForwardIntoModule, SixteenBitParametersAllocateNothingInTheSteadyState) {
       const Allocations a = count_allocations(5, call);
       EXPECT_NO_ALLOCATION(a);
     }
+}
+
+// forward_into on bfloat16 activations (query, key, value and output): the widened inputs (once for self-attention)
+// and the float output live in the workspace: no allocation after the first call of a shape.
+TEST(ForwardIntoModule, SixteenBitActivationsAllocateNothingInTheSteadyState) {
+  SKIP_UNDER_TSAN();
+  const OneThread one_thread;
+  for (const bool self : {true, false}) {
+    SCOPED_TRACE(self ? "self-attention" : "cross-attention");
+    MultiHeadAttentionConfig cfg;
+    cfg.embed_dim = 64;
+    cfg.num_heads = 4;
+    if (!self) cfg.kdim = cfg.vdim = 24;
+    const MultiHeadAttention<float> mha(cfg, 3);
+    Random rng(6);
+    const auto query = tensor_cast<bfloat16>(rng.normal_tensor<float, 3>({2, 40, 64}));
+    const auto memory = tensor_cast<bfloat16>(rng.normal_tensor<float, 3>({2, 50, 24}));
+    Tensor<bfloat16, 3> y({2, 40, 64});
+    MhaWorkspace<float> ws;
+    const auto call = [&] {
+      if (self)
+        mha.forward_into(query, query, query, y, ws);
+      else
+        mha.forward_into(query, memory, memory, y, ws);
+    };
+    call();
+    const Allocations a = count_allocations(5, call);
+    EXPECT_NO_ALLOCATION(a);
+  }
 }
 
 TEST(ForwardIntoModuleErrors, NameTheArgument) {

@@ -614,6 +614,144 @@ TYPED_TEST(HalfPrecisionTest, LayerAndStackStepWithSixteenBitParameters) {
   }
 }
 
+// The modules on 16-bit activations (a float module: x in bfloat16 or float16, the output in the same type) give
+// bitwise the float entry's output on the widened input, rounded once: MultiHeadAttention step, step_into (with
+// padded sequences), step_with and step_into_with on 16-bit parameters, forward_into and forward_into_with (self-
+// and cross-attention), TransformerLayer and TransformerStack step and step_with; the float and 16-bit routes
+// leave bitwise the same cache. A wrong output or one overlapping an input names the argument and writes nothing.
+TYPED_TEST(HalfPrecisionTest, ModulesTakeAndReturnSixteenBitActivations) {
+  using S = TypeParam;
+  const auto expect_bitwise = [](const Tensor<S, 3>& got, const Tensor<S, 3>& expected) {
+    ASSERT_EQ(got.shape(), expected.shape());
+    for (Index n = 0; n < got.size(); ++n) ASSERT_EQ(bits_of(got.data()[n]), bits_of(expected.data()[n])) << "element " << n;
+  };
+  const auto expect_same_cache = [](const KVCache<float, S>& a, const KVCache<float, S>& b) {
+    ASSERT_EQ(a.lengths(), b.lengths());
+    for (Index seq = 0; seq < a.batch(); ++seq) {
+      const Tensor<S, 4> ka(a.sequence_keys(seq)), kb(b.sequence_keys(seq));
+      for (Index n = 0; n < ka.size(); ++n) ASSERT_EQ(bits_of(ka.data()[n]), bits_of(kb.data()[n])) << "key " << n;
+    }
+  };
+  Random random(31);
+  const auto activations = [&](std::array<Index, 3> shape) {
+    return tensor_cast<S>(random.normal_tensor<float, 3>(shape));
+  };
+  MultiHeadAttentionConfig cfg;
+  cfg.embed_dim = 48;
+  cfg.num_heads = 4;
+  cfg.num_kv_heads = 2;
+  cfg.rope_dim = 12;
+  const MultiHeadAttention<float> mha(cfg, 7);
+  const MhaParams<S> half = params_cast<S>(mha.params());
+
+  {
+    SCOPED_TRACE("MultiHeadAttention step");
+    KVCache<float, S> c16 = mha.make_cache<S>(2), c32 = mha.make_cache<S>(2), into16 = mha.make_cache<S>(2);
+    KVCache<float, S> w16 = mha.make_cache<S>(2), w32 = mha.make_cache<S>(2);
+    const Tensor<S, 3> prompt = activations({2, 10, 48});  // 20 rows: the GEMM route
+    const Tensor<S, 3> prompt_output = tensor_cast<S>(mha.step(tensor_cast<float>(prompt), c32));
+    expect_bitwise(mha.step(prompt, c16), prompt_output);
+    expect_bitwise(mha.step_with(half, prompt, w16), tensor_cast<S>(mha.step_with(half, tensor_cast<float>(prompt), w32)));
+    Tensor<S, 3> y({2, 10, 48});
+    mha.step_into(prompt, into16, y);
+    expect_bitwise(y, prompt_output);
+    expect_same_cache(c16, into16);
+    for (int t = 0; t < 3; ++t) {
+      SCOPED_TRACE("decode step " + std::to_string(t));
+      const Tensor<S, 3> token = activations({2, 2, 48});
+      const std::vector<Index> new_tokens{2, 1};  // sequence 1: one real row, one padding row (output 0)
+      const Tensor<S, 3> expected = tensor_cast<S>(mha.step(tensor_cast<float>(token), c32, {}, new_tokens));
+      expect_bitwise(mha.step(token, c16, {}, new_tokens), expected);
+      EXPECT_EQ(static_cast<float>(expected(1, 1, 0)), 0.0f);
+      Tensor<S, 3> out({2, 2, 48});
+      mha.step_into(token, into16, out.view(), {}, new_tokens);
+      expect_bitwise(out, expected);
+      const Tensor<S, 3> with = mha.step_with(half, token, w16);
+      expect_bitwise(with, tensor_cast<S>(mha.step_with(half, tensor_cast<float>(token), w32)));
+    }
+    expect_same_cache(c16, c32);
+    KVCache<float, S> into_with = mha.make_cache<S>(2), step_with_cache = mha.make_cache<S>(2);
+    const Tensor<S, 3> token = activations({2, 1, 48});
+    Tensor<S, 3> out({2, 1, 48});
+    mha.step_into_with(half, token, into_with, out.view());
+    expect_bitwise(out, mha.step_with(half, token, step_with_cache));
+
+    // Errors: nothing written, the cache unchanged.
+    const std::vector<Index> lengths = into16.lengths();
+    Tensor<S, 3> wrong({2, 2, 48});
+    wrong.fill(S(7.0f));
+    test::expect_error<ShapeError>([&] { mha.step_into(token, into16, wrong); },
+                                   {"MultiHeadAttention::step_into", "output", "(2, 1, 48)"});
+    Tensor<S, 3> x_and_output = activations({2, 1, 48});
+    test::expect_error<std::invalid_argument>([&] { mha.step_into(x_and_output, into16, x_and_output); },
+                                              {"output", "overlaps x_new"});
+    test::expect_error<ShapeError>([&] { mha.step(activations({2, 1, 40}), into16); }, {"x_new", "(2, *, 48)"});
+    EXPECT_EQ(into16.lengths(), lengths);
+    for (Index n = 0; n < wrong.size(); ++n) ASSERT_EQ(static_cast<float>(wrong.data()[n]), 7.0f);
+  }
+
+  for (const bool self : {true, false}) {
+    SCOPED_TRACE(self ? "forward_into, self-attention" : "forward_into, cross-attention");
+    MultiHeadAttentionConfig cross = cfg;
+    if (!self) cross.kdim = cross.vdim = 20;
+    const MultiHeadAttention<float> module(cross, 9);
+    const MhaParams<S> module_half = params_cast<S>(module.params());
+    AttentionOptions<float> opts;
+    opts.causal = Causal::bottom_right;
+    MhaWorkspace<float> ws, ws32;
+    for (const Index q_len : {Index(10), Index(1)}) {
+      const Tensor<S, 3> query = activations({2, q_len, 48}), memory = activations({2, 9, 20});
+      const Tensor<S, 3>& key = self ? query : memory;
+      const Tensor<float, 3> query32 = tensor_cast<float>(query), key32 = tensor_cast<float>(key);
+      const Tensor<float, 3>& query_or_key32 = self ? query32 : key32;
+      Tensor<S, 3> got({2, q_len, 48});
+      Tensor<float, 3> expected({2, q_len, 48});
+      module.forward_into(query, key, key, got, ws, opts);
+      module.forward_into(query32, query_or_key32, query_or_key32, expected, ws32, opts);
+      expect_bitwise(got, tensor_cast<S>(expected));
+      module.forward_into_with(module_half, query, key, key, got.view(), ws, opts);
+      module.forward_into_with(module_half, query32, query_or_key32, query_or_key32, expected.view(), ws32, opts);
+      expect_bitwise(got, tensor_cast<S>(expected));
+    }
+    const Tensor<S, 3> x = activations({1, 3, 48}), memory = activations({1, 4, 20});
+    Tensor<S, 3> y({1, 3, 48});
+    y.fill(S(7.0f));
+    Tensor<S, 3> wrong({1, 4, 48});
+    test::expect_error<ShapeError>([&] { module.forward_into(x, self ? x : memory, self ? x : memory, wrong, ws); },
+                                   {"MultiHeadAttention::forward_into", "output", "(1, 3, 48)"});
+    Tensor<S, 3> shared = x;
+    test::expect_error<std::invalid_argument>(
+        [&] { module.forward_into(shared, self ? shared : memory, self ? shared : memory, shared.view(), ws); },
+        {"output", "overlaps query"});
+    for (Index n = 0; n < y.size(); ++n) ASSERT_EQ(static_cast<float>(y.data()[n]), 7.0f);
+  }
+
+  for (bool pre_norm : {true, false}) {
+    SCOPED_TRACE(pre_norm ? "layer and stack, pre-norm" : "layer and stack, post-norm");
+    TransformerStackConfig stack_cfg;
+    stack_cfg.layer = sixteen_bit_layer_config(pre_norm);
+    stack_cfg.num_layers = 2;
+    stack_cfg.final_norm = pre_norm;
+    const TransformerStack<float> model(stack_cfg, 3);
+    const TransformerStackParams<S> model_half = params_cast<S>(model.params());
+    const TransformerLayer<float> layer(stack_cfg.layer, 5);
+    auto s16 = model.make_cache<S>(2), s32 = model.make_cache<S>(2), h16 = model.make_cache<S>(2),
+         h32 = model.make_cache<S>(2);
+    auto l16 = layer.make_cache<S>(2), l32 = layer.make_cache<S>(2);
+    for (const Index rows : {Index(10), Index(1), Index(1)}) {
+      const Tensor<S, 3> x = activations({2, rows, 48});
+      const Tensor<float, 3> x32 = tensor_cast<float>(x);
+      expect_bitwise(model.step(x, s16), tensor_cast<S>(model.step(x32, s32)));
+      expect_bitwise(model.step_with(model_half, x, h16), tensor_cast<S>(model.step_with(model_half, x32, h32)));
+      expect_bitwise(layer.step(x, l16), tensor_cast<S>(layer.step(x32, l32)));
+    }
+    expect_same_cache(l16, l32);
+    const std::vector<Index> lengths = s16.layers[0].lengths();
+    test::expect_error<ShapeError>([&] { model.step(activations({2, 1, 40}), s16); }, {"TransformerStack::step", "x_new"});
+    for (const auto& cache : s16.layers) EXPECT_EQ(cache.lengths(), lengths);
+  }
+}
+
 #if SELFATTN_BF16_DOT
 // round_to_pairs: two packets of float rounded to bfloat16 (to nearest, ties to even, as Eigen's conversion; a
 // subnormal to a zero of its sign, as the instruction does) and interleaved first/second, on random floats, exact

@@ -4,6 +4,7 @@
 /// backward (a view of the caller's tensor, or the temporary tensor itself, moved in).
 #pragma once
 
+#include <selfattn/half_precision.hpp>
 #include <selfattn/tensor.hpp>
 
 #include <memory>
@@ -42,6 +43,26 @@ constexpr bool check_layer_arguments() {
   static_assert(!tensors || rank_3, "selfattn layer: x, x_new and dout must be rank 3: (batch, length, features)");
   static_assert(!rank_3 || all_hold<T, X...>, "selfattn layer<T>: x, x_new and dout must hold the layer's element type T");
   return rank_3 && all_hold<T, X...>;
+}
+
+/// The element type of the activations an inference entry (the modules' step, step_into, forward_into and their
+/// _with forms) takes and returns for the argument X: X's when it is 16-bit, else the module's T.
+template <typename T, typename X>
+using activation_of = std::conditional_t<is_half_width_v<scalar_of<X>>, scalar_of<X>, T>;
+
+/// The compile-time rule of the layers' inference entries (TransformerLayer and TransformerStack step): the layer's
+/// type T (check_layer_arguments), or in a float layer a 16-bit x_new, widened on the way in and the output rounded
+/// on the way out.
+template <typename T, typename X>
+constexpr bool check_layer_inference_arguments() {
+  if constexpr (is_half_width_v<scalar_of<X>>) {
+    constexpr bool rank_3 = all_of_rank<3, X>;
+    static_assert(std::is_same_v<T, float>, "selfattn layer: 16-bit activations run in a float layer");
+    static_assert(rank_3, "selfattn layer: x_new must be rank 3: (batch, length, features)");
+    return std::is_same_v<T, float> && rank_3;
+  } else {
+    return check_layer_arguments<T, X>();
+  }
 }
 
 }  // namespace selfattn::detail

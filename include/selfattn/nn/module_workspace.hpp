@@ -21,7 +21,8 @@ namespace selfattn {
 ///
 /// Holds the Q|K|V projection (B, L, E + 2 Hkv Dh), the attention heads (written straight into the merged
 /// (B, L, E) layout), lse (B, H, L), the stacked projection weights of long inputs (and, with 16-bit parameters, the
-/// widened weights of each projection that has 16 rows or more), copies of the options
+/// widened weights of each projection that has 16 rows or more; with 16-bit activations, the inputs widened and the
+/// float output before it is rounded), copies of the options
 /// (assigned, so their vectors keep their capacity) and the kernels' AttentionWorkspace. Buffers only grow.
 /// One workspace serves one call at a time. A KVCache holds the one step_into uses (`cache.step_workspace()`).
 /// \code
@@ -38,6 +39,8 @@ struct MhaWorkspace {
   std::vector<T> projection;               ///< (B, L, Out_q + Out_k + Out_v), or three blocks for cross-attention
   std::vector<T> merged;                   ///< (B, L, E): the attention heads, split_heads' layout
   std::vector<T> lse;                      ///< (B, H, L)
+  std::vector<T> widened_input;            ///< 16-bit activations: the inputs, widened exactly
+  std::vector<T> widened_output;           ///< 16-bit activations: the output before its one rounding
   detail::StackedProjection<T> stacked;    ///< the stacked Q|K|V weights of a long self-attention input
   detail::StackedProjection<T> output_weights;  ///< 16-bit parameters, 16+ rows: the output projection's, widened
   detail::StackedProjection<T> key_weights;    ///< forward_into_with, cross-attention: the key projection's, widened

@@ -125,6 +125,24 @@ constexpr bool check_module_arguments() {
   return rank_3 && all_hold<T, X...>;
 }
 
+/// The compile-time rule of the inference entries: the module's type T (check_module_arguments), or in a float module
+/// activations that all hold one 16-bit type, widened on the way in and rounded on the way out.
+template <typename T, typename X0, typename... X>
+constexpr bool check_inference_arguments() {
+  using A = scalar_of<X0>;
+  if constexpr (is_half_width_v<A>) {
+    constexpr bool rank_3 = all_tensors<X0, X...> && all_of_rank<3, X0, X...>;
+    static_assert(std::is_same_v<T, float>, "MultiHeadAttention: 16-bit activations run in a float module");
+    static_assert(rank_3, "MultiHeadAttention: query, key, value, x_new and output must be rank 3: (batch, length, "
+                          "features)");
+    static_assert(!rank_3 || all_hold<A, X...>,
+                  "MultiHeadAttention: 16-bit activations: query, key, value and output all hold one 16-bit type");
+    return std::is_same_v<T, float> && rank_3 && all_hold<A, X...>;
+  } else {
+    return check_module_arguments<T, X0, X...>();
+  }
+}
+
 }  // namespace detail
 
 /// \brief What MultiHeadAttention::forward returns: the output, optional per-head weights, and what
@@ -305,12 +323,9 @@ class MultiHeadAttention {
   /// y = mha.step(next_token, cache);                // (1, 1, E): attends over the L + 1 cached tokens
   /// \endcode
   template <typename X, typename S>
-  Tensor<T, 3> step(const X& x_new, KVCache<T, S>& cache, const AttentionOptions<T>& opts = {},
-                    const std::vector<Index>& new_tokens = {}) const {
-    if constexpr (detail::check_module_arguments<T, X>())
-      return step_views(params_, detail::const_view(x_new), cache, opts, new_tokens);
-    else
-      return {};
+  Tensor<detail::activation_of<T, X>, 3> step(const X& x_new, KVCache<T, S>& cache, const AttentionOptions<T>& opts = {},
+                                              const std::vector<Index>& new_tokens = {}) const {
+    return step_any<S, T>(params_, x_new, cache, opts, new_tokens);
   }
 
   /// \brief step into a caller-owned output, with every buffer of the step in the cache's workspace
@@ -332,10 +347,9 @@ class MultiHeadAttention {
   /// }
   /// \endcode
   template <typename X, typename S>
-  void step_into(const X& x_new, KVCache<T, S>& cache, const TensorView<T, 3>& output,
+  void step_into(const X& x_new, KVCache<T, S>& cache, const TensorView<detail::activation_of<T, X>, 3>& output,
                  const AttentionOptions<T>& opts = {}, const std::vector<Index>& new_tokens = {}) const {
-    if constexpr (detail::check_module_arguments<T, X>())
-      step_into_views(params_, detail::const_view(x_new), cache, output, opts, new_tokens);
+    step_into_any<S, T>(params_, x_new, cache, output, opts, new_tokens);
   }
 
   /// \brief Inference forward into a caller-owned output with every buffer in `workspace`: after a first call of a
@@ -354,11 +368,9 @@ class MultiHeadAttention {
   /// for (const auto& x : batches) mha.forward_into(x, x, x, y, ws);
   /// \endcode
   template <typename Q, typename K, typename V>
-  void forward_into(const Q& query, const K& key, const V& value, const TensorView<T, 3>& output,
+  void forward_into(const Q& query, const K& key, const V& value, const TensorView<detail::activation_of<T, Q>, 3>& output,
                     MhaWorkspace<T>& workspace, const AttentionOptions<T>& opts = {}) const {
-    if constexpr (detail::check_module_arguments<T, Q, K, V>())
-      forward_into_views(params_, detail::const_view(query), detail::const_view(key), detail::const_view(value), output,
-                         workspace, opts);
+    forward_into_any<T>(params_, query, key, value, output, workspace, opts);
   }
 
   /// Gradients of a scalar loss given dout = d loss / d fwd.output (B, Lq, E). The parameters must be
@@ -418,12 +430,10 @@ class MultiHeadAttention {
 
   /// step(x_new, cache, opts, new_tokens) with `parameters` in place of params().
   template <typename X, typename S>
-  Tensor<T, 3> step_with(const MhaParams<T>& parameters, const X& x_new, KVCache<T, S>& cache,
-                         const AttentionOptions<T>& opts = {}, const std::vector<Index>& new_tokens = {}) const {
-    if constexpr (detail::check_module_arguments<T, X>())
-      return step_views(parameters, detail::const_view(x_new), cache, opts, new_tokens);
-    else
-      return {};
+  Tensor<detail::activation_of<T, X>, 3> step_with(const MhaParams<T>& parameters, const X& x_new, KVCache<T, S>& cache,
+                                                   const AttentionOptions<T>& opts = {},
+                                                   const std::vector<Index>& new_tokens = {}) const {
+    return step_any<S, T>(parameters, x_new, cache, opts, new_tokens);
   }
 
   /// \brief step with 16-bit parameters (P = bfloat16 or float16, the module float): inference over a KV cache
@@ -441,25 +451,22 @@ class MultiHeadAttention {
   /// y = mha.step_with(weights, next_token, cache);
   /// \endcode
   template <typename P, typename X, typename S, std::enable_if_t<is_half_width_v<P>, int> = 0>
-  Tensor<T, 3> step_with(const MhaParams<P>& parameters, const X& x_new, KVCache<T, S>& cache,
-                         const AttentionOptions<T>& opts = {}, const std::vector<Index>& new_tokens = {}) const {
+  Tensor<detail::activation_of<T, X>, 3> step_with(const MhaParams<P>& parameters, const X& x_new, KVCache<T, S>& cache,
+                                                   const AttentionOptions<T>& opts = {},
+                                                   const std::vector<Index>& new_tokens = {}) const {
     static_assert(std::is_same_v<T, float>, "MultiHeadAttention: 16-bit parameters run in a float module");
-    if constexpr (detail::check_module_arguments<T, X>())
-      return step_views_with<S, P>(parameters, detail::const_view(x_new), cache, opts, new_tokens);
-    else
-      return {};
+    return step_any<S, P>(parameters, x_new, cache, opts, new_tokens);
   }
 
   /// step_into(x_new, cache, output, opts, new_tokens) with `parameters` (of T, or 16-bit as for step_with) in place
   /// of params(): after the first step of a shape, no allocation.
   template <typename P, typename X, typename S>
   void step_into_with(const MhaParams<P>& parameters, const X& x_new, KVCache<T, S>& cache,
-                      const TensorView<T, 3>& output, const AttentionOptions<T>& opts = {},
+                      const TensorView<detail::activation_of<T, X>, 3>& output, const AttentionOptions<T>& opts = {},
                       const std::vector<Index>& new_tokens = {}) const {
     static_assert(std::is_same_v<P, T> || (std::is_same_v<T, float> && is_half_width_v<P>),
                   "MultiHeadAttention: parameters of the module's type, or 16-bit ones in a float module");
-    if constexpr (detail::check_module_arguments<T, X>())
-      step_into_views_with<S, P>(parameters, detail::const_view(x_new), cache, output, opts, new_tokens);
+    step_into_any<S, P>(parameters, x_new, cache, output, opts, new_tokens);
   }
 
   /// \brief forward_into(query, key, value, output, workspace, opts) with `parameters` (of T, or 16-bit: P =
@@ -477,16 +484,58 @@ class MultiHeadAttention {
   /// \endcode
   template <typename P, typename Q, typename K, typename V>
   void forward_into_with(const MhaParams<P>& parameters, const Q& query, const K& key, const V& value,
-                         const TensorView<T, 3>& output, MhaWorkspace<T>& workspace,
+                         const TensorView<detail::activation_of<T, Q>, 3>& output, MhaWorkspace<T>& workspace,
                          const AttentionOptions<T>& opts = {}) const {
     static_assert(std::is_same_v<P, T> || (std::is_same_v<T, float> && is_half_width_v<P>),
                   "MultiHeadAttention: parameters of the module's type, or 16-bit ones in a float module");
-    if constexpr (detail::check_module_arguments<T, Q, K, V>())
-      forward_into_views(parameters, detail::const_view(query), detail::const_view(key), detail::const_view(value),
-                         output, workspace, opts);
+    forward_into_any<P>(parameters, query, key, value, output, workspace, opts);
   }
 
  private:
+  // The inference entries' dispatch on the activations' type A (detail::activation_of): T runs the module's walk on
+  // the caller's tensors; 16 bits (in a float module) widen the inputs exactly into the workspace, run the same walk
+  // into a float output there, and round it once into the caller's output. Every argument is checked first.
+
+  template <typename S, typename P, typename X>
+  Tensor<detail::activation_of<T, X>, 3> step_any(const MhaParams<P>& parameters, const X& x_new, KVCache<T, S>& cache,
+                                                  const AttentionOptions<T>& opts,
+                                                  const std::vector<Index>& new_tokens) const {
+    using A = detail::activation_of<T, X>;
+    if constexpr (!detail::check_inference_arguments<T, X>()) {
+      return {};
+    } else if constexpr (std::is_same_v<A, T>) {
+      return step_views_with<S, P>(parameters, detail::const_view(x_new), cache, opts, new_tokens);
+    } else {
+      const TensorView<const A, 3> x = detail::const_view(x_new);
+      detail::check_shape<3>(step_name, "x_new", x.shape(), {cache.batch(), detail::any_extent, config_.embed_dim});
+      Tensor<A, 3> output({x.dim(0), x.dim(1), config_.embed_dim});
+      MhaWorkspace<T> ws;
+      step_widened<S, P, A>(parameters, step_name, x, cache, opts, new_tokens, output.view(), ws);
+      return output;
+    }
+  }
+
+  template <typename S, typename P, typename X, typename A>
+  void step_into_any(const MhaParams<P>& parameters, const X& x_new, KVCache<T, S>& cache,
+                     const TensorView<A, 3>& output, const AttentionOptions<T>& opts,
+                     const std::vector<Index>& new_tokens) const {
+    if constexpr (detail::check_inference_arguments<T, X, TensorView<A, 3>>())
+      step_into_views_with<S, P, A>(parameters, detail::const_view(x_new), cache, output, opts, new_tokens);
+  }
+
+  template <typename P, typename Q, typename K, typename V, typename A>
+  void forward_into_any(const MhaParams<P>& parameters, const Q& query, const K& key, const V& value,
+                        const TensorView<A, 3>& output, MhaWorkspace<T>& ws, const AttentionOptions<T>& opts) const {
+    if constexpr (!detail::check_inference_arguments<T, Q, K, V, TensorView<A, 3>>())
+      return;
+    else if constexpr (std::is_same_v<A, T>)
+      forward_into_views(parameters, detail::const_view(query), detail::const_view(key), detail::const_view(value),
+                         output, ws, opts);
+    else
+      forward_into_widened(parameters, detail::const_view(query), detail::const_view(key), detail::const_view(value),
+                           output, ws, opts);
+  }
+
   MhaGradients<T> backward_views(const MhaParams<T>& parameters, const TensorView<const T, 3>& dy, const MhaForward<T>& f) const {
     if (!f.heads) detail::throw_invalid(backward_name, "fwd", "is not the result of a forward call");
     detail::check_shape<3>(backward_name, "dout", dy.shape(), f.output.shape());
@@ -584,10 +633,10 @@ class MultiHeadAttention {
     fill_uniform(params_.out_weight, 1.0 / std::sqrt(static_cast<double>(e)));
   }
 
-  /// Checks every argument before any work, so a failing call has no effect.
-  template <typename P>
-  void validate(const MhaParams<P>& parameters, const TensorView<const T, 3>& query, const TensorView<const T, 3>& key,
-                const TensorView<const T, 3>& value, const AttentionOptions<T>& opts,
+  /// Checks every argument before any work, so a failing call has no effect. A: the activations' type.
+  template <typename P, typename A = T>
+  void validate(const MhaParams<P>& parameters, const TensorView<const A, 3>& query, const TensorView<const A, 3>& key,
+                const TensorView<const A, 3>& value, const AttentionOptions<T>& opts,
                 const char* function = forward_name) const {
     detail::check_shape<3>(function, "query", query.shape(), {detail::any_extent, detail::any_extent, config_.embed_dim});
     detail::check_shape<3>(function, "key", key.shape(), {query.dim(0), detail::any_extent, config_.kdim});
@@ -616,8 +665,9 @@ class MultiHeadAttention {
     check_bias("params().out_bias", parameters.out_bias, e);
   }
 
-  static bool is_self_attention(const TensorView<const T, 3>& query, const TensorView<const T, 3>& key,
-                                const TensorView<const T, 3>& value) {
+  template <typename A>
+  static bool is_self_attention(const TensorView<const A, 3>& query, const TensorView<const A, 3>& key,
+                                const TensorView<const A, 3>& value) {
     return query.data() == key.data() && key.data() == value.data() && query.shape() == key.shape() &&
            key.shape() == value.shape() && query.strides() == key.strides() && key.strides() == value.strides();
   }
@@ -736,26 +786,33 @@ class MultiHeadAttention {
 
   static constexpr const char* forward_into_name = "MultiHeadAttention::forward_into";
 
-  /// forward_into with parameters stored as P: T, or 16 bits (forward_into_with).
-  template <typename P>
-  void forward_into_views(const MhaParams<P>& parameters, const TensorView<const T, 3>& query, const TensorView<const T, 3>& key,
-                          const TensorView<const T, 3>& value, const TensorView<T, 3>& output, MhaWorkspace<T>& ws,
-                          const AttentionOptions<T>& opts) const {
+  /// Every check of forward_into (activations of A: T, or 16 bits), before anything is written.
+  template <typename P, typename A>
+  void check_forward_into(const MhaParams<P>& parameters, const TensorView<const A, 3>& query,
+                          const TensorView<const A, 3>& key, const TensorView<const A, 3>& value,
+                          const TensorView<A, 3>& output, const AttentionOptions<T>& opts) const {
     validate(parameters, query, key, value, opts, forward_into_name);
     if (opts.need_weights)
       detail::throw_invalid(forward_into_name, "opts.need_weights", "the _into form returns no weights; use forward");
-    const Index batch = query.dim(0), q_len = query.dim(1), k_len = key.dim(1), e = config_.embed_dim;
-    detail::check_shape<3>(forward_into_name, "output", output.shape(), {batch, q_len, e});
+    detail::check_shape<3>(forward_into_name, "output", output.shape(), {query.dim(0), query.dim(1), config_.embed_dim});
     if (detail::overlaps_itself(output))
       detail::throw_invalid(forward_into_name, "output", "overlaps itself (a stride 0 or overlapping rows)");
-    const std::array<std::pair<const char*, TensorView<const T, 3>>, 3> inputs{
+    const std::array<std::pair<const char*, TensorView<const A, 3>>, 3> inputs{
         {{"query", query}, {"key", key}, {"value", value}}};
     for (const auto& [name, input] : inputs)
       if (detail::overlaps(output, input))
         detail::throw_invalid(forward_into_name, "output", std::string("overlaps ") + name + "; write into separate memory");
     if (detail::overlaps(output, opts.bias) || detail::overlaps(output, opts.allowed))
       detail::throw_invalid(forward_into_name, "output", "overlaps a mask of opts; write into separate memory");
+  }
 
+  /// forward_into with parameters stored as P: T, or 16 bits (forward_into_with).
+  template <typename P>
+  void forward_into_views(const MhaParams<P>& parameters, const TensorView<const T, 3>& query, const TensorView<const T, 3>& key,
+                          const TensorView<const T, 3>& value, const TensorView<T, 3>& output, MhaWorkspace<T>& ws,
+                          const AttentionOptions<T>& opts) const {
+    check_forward_into(parameters, query, key, value, output, opts);
+    const Index batch = query.dim(0), q_len = query.dim(1), k_len = key.dim(1), e = config_.embed_dim;
     forward_options(opts, ws.options);
     std::array<TensorView<T, 3>, 3> projections;
     if (is_self_attention(query, key, value)) {
@@ -782,6 +839,30 @@ class MultiHeadAttention {
                                               split_heads(projections[2], config_.num_kv_heads)};
     attend_and_project(parameters, forward_into_name, qkv, ws.options, split_heads(merged, config_.num_heads), lse,
                        TensorView<T, 4>(), merged, output, ws.attention, ws.output_weights);
+  }
+
+  /// forward_into on 16-bit activations A: the inputs widened exactly into the workspace (once for self-attention,
+  /// so that it still projects with one GEMM), the float walk into the workspace, its output rounded once.
+  template <typename P, typename A>
+  void forward_into_widened(const MhaParams<P>& parameters, const TensorView<const A, 3>& query,
+                            const TensorView<const A, 3>& key, const TensorView<const A, 3>& value,
+                            const TensorView<A, 3>& output, MhaWorkspace<T>& ws, const AttentionOptions<T>& opts) const {
+    check_forward_into(parameters, query, key, value, output, opts);
+    const Index q_size = query.size(), k_size = key.size();
+    const bool self = is_self_attention(query, key, value);
+    T* base = MhaWorkspace<T>::take(ws.widened_input, std::array<Index, 1>{self ? q_size : q_size + k_size + value.size()})
+                  .data();
+    const auto widen = [](const TensorView<const A, 3>& from, T* to) {
+      const TensorView<T, 3> wide(to, from.shape());
+      detail::convert_view<A, T, 3>(from, wide);
+      return TensorView<const T, 3>(wide);
+    };
+    const TensorView<const T, 3> wide_query = widen(query, base);
+    const TensorView<const T, 3> wide_key = self ? wide_query : widen(key, base + q_size);
+    const TensorView<const T, 3> wide_value = self ? wide_query : widen(value, base + q_size + k_size);
+    const TensorView<T, 3> wide_output = MhaWorkspace<T>::take(ws.widened_output, output.shape());
+    forward_into_views(parameters, wide_query, wide_key, wide_value, wide_output, ws, opts);
+    detail::convert_view<T, A, 3>(wide_output, output);
   }
 
   static constexpr const char* step_name = "MultiHeadAttention::step";
@@ -928,13 +1009,13 @@ class MultiHeadAttention {
   template <typename S>
   void step_into_views(const MhaParams<T>& parameters, const TensorView<const T, 3>& x, KVCache<T, S>& cache, const TensorView<T, 3>& output,
                        const AttentionOptions<T>& opts, const std::vector<Index>& new_tokens) const {
-    step_into_views_with<S, T>(parameters, x, cache, output, opts, new_tokens);
+    step_into_views_with<S, T, T>(parameters, x, cache, output, opts, new_tokens);
   }
 
-  /// step_into_views with parameters stored as P: T, or 16 bits.
-  template <typename S, typename P>
-  void step_into_views_with(const MhaParams<P>& parameters, const TensorView<const T, 3>& x, KVCache<T, S>& cache,
-                            const TensorView<T, 3>& output, const AttentionOptions<T>& opts,
+  /// step_into_views with parameters stored as P (T, or 16 bits) and activations as A (T, or 16 bits).
+  template <typename S, typename P, typename A>
+  void step_into_views_with(const MhaParams<P>& parameters, const TensorView<const A, 3>& x, KVCache<T, S>& cache,
+                            const TensorView<A, 3>& output, const AttentionOptions<T>& opts,
                             const std::vector<Index>& new_tokens) const {
     detail::check_shape<3>(step_into_name, "x_new", x.shape(), {cache.batch(), detail::any_extent, config_.embed_dim});
     detail::check_shape<3>(step_into_name, "output", output.shape(), {x.dim(0), x.dim(1), config_.embed_dim});
@@ -946,7 +1027,23 @@ class MultiHeadAttention {
       detail::throw_invalid(step_into_name, "output", "overlaps the cache; write into separate memory");
     if (detail::overlaps(output, opts.bias) || detail::overlaps(output, opts.allowed))
       detail::throw_invalid(step_into_name, "output", "overlaps a mask of opts; write into separate memory");
-    step_core(parameters, step_into_name, x, cache, opts, new_tokens, output, cache.step_workspace());
+    if constexpr (std::is_same_v<A, T>)
+      step_core(parameters, step_into_name, x, cache, opts, new_tokens, output, cache.step_workspace());
+    else
+      step_widened<S, P, A>(parameters, step_into_name, x, cache, opts, new_tokens, output, cache.step_workspace());
+  }
+
+  /// step_core on 16-bit activations A: x widened exactly into the workspace, the float step into the workspace,
+  /// its output rounded once into `output` (only after the step succeeded: on error nothing is written).
+  template <typename S, typename P, typename A>
+  void step_widened(const MhaParams<P>& parameters, const char* function, const TensorView<const A, 3>& x,
+                    KVCache<T, S>& cache, const AttentionOptions<T>& opts, const std::vector<Index>& new_tokens,
+                    const TensorView<A, 3>& output, MhaWorkspace<T>& ws) const {
+    const TensorView<T, 3> wide_x = MhaWorkspace<T>::take(ws.widened_input, x.shape());
+    detail::convert_view<A, T, 3>(x, wide_x);
+    const TensorView<T, 3> wide_output = MhaWorkspace<T>::take(ws.widened_output, output.shape());
+    step_core(parameters, function, wide_x, cache, opts, new_tokens, wide_output, ws);
+    detail::convert_view<T, A, 3>(wide_output, output);
   }
 
   MultiHeadAttentionConfig config_;

@@ -14,12 +14,14 @@
 #include <selfattn/detail/rows.hpp>
 #include <selfattn/detail/threads.hpp>
 #include <selfattn/errors.hpp>
+#include <selfattn/half_precision.hpp>
 #include <selfattn/nn/module_input.hpp>
 #include <selfattn/tensor.hpp>
 
 #include <cmath>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 namespace selfattn {
@@ -69,6 +71,20 @@ void norm_forward_into(NormKind kind, T eps, const TensorView<const T, 3>& x, co
     if (layer) mean_out[r] = mean;
     rstd_out[r] = rstd;
   });
+}
+
+/// norm_forward_into into a new (B, L, E) tensor with weight and bias stored as P: T, or 16 bits (an inference with
+/// 16-bit parameters), then widened exactly first (E values each): the norm of T weights holding the same values.
+template <typename T, typename P>
+Tensor<T, 3> norm_inference(NormKind kind, T eps, const TensorView<const T, 3>& x, const Tensor<P, 1>& weight,
+                            const Tensor<P, 1>& bias, NormStatistics<T>& stats) {
+  if constexpr (!std::is_same_v<P, T>) {
+    return norm_inference<T, T>(kind, eps, x, tensor_cast<T>(weight), tensor_cast<T>(bias), stats);
+  } else {
+    Tensor<T, 3> y(x.shape());
+    norm_forward_into<T>(kind, eps, x, weight.view(), bias.view(), y.view(), stats);
+    return y;
+  }
 }
 
 /// dx from dy (see the file comment); dweight and dbias (when not empty) are overwritten with their sums over the

@@ -232,8 +232,8 @@ class TransformerLayer {
   /// gives the rows of one forward with Causal::top_left; no dropout. If step throws on its arguments, the cache is
   /// unchanged.
   template <typename X, typename S>
-  Tensor<T, 3> step(const X& x_new, KVCache<T, S>& cache, const AttentionOptions<T>& opts = {},
-                    const std::vector<Index>& new_tokens = {}) const {
+  Tensor<detail::activation_of<T, X>, 3> step(const X& x_new, KVCache<T, S>& cache, const AttentionOptions<T>& opts = {},
+                                              const std::vector<Index>& new_tokens = {}) const {
     return step_with(params_, x_new, cache, opts, new_tokens);
   }
 
@@ -275,8 +275,9 @@ class TransformerLayer {
 
   /// step(x_new, cache, opts, new_tokens) with `parameters` in place of params().
   template <typename X, typename S>
-  Tensor<T, 3> step_with(const TransformerLayerParams<T>& parameters, const X& x_new, KVCache<T, S>& cache,
-                         const AttentionOptions<T>& opts = {}, const std::vector<Index>& new_tokens = {}) const {
+  Tensor<detail::activation_of<T, X>, 3> step_with(const TransformerLayerParams<T>& parameters, const X& x_new,
+                                                   KVCache<T, S>& cache, const AttentionOptions<T>& opts = {},
+                                                   const std::vector<Index>& new_tokens = {}) const {
     return checked_step<S, T>(parameters, x_new, cache, opts, new_tokens);
   }
 
@@ -294,8 +295,9 @@ class TransformerLayer {
   /// Tensor<float, 3> y = layer.step_with(weights, prompt, cache);
   /// \endcode
   template <typename P, typename X, typename S, std::enable_if_t<is_half_width_v<P>, int> = 0>
-  Tensor<T, 3> step_with(const TransformerLayerParams<P>& parameters, const X& x_new, KVCache<T, S>& cache,
-                         const AttentionOptions<T>& opts = {}, const std::vector<Index>& new_tokens = {}) const {
+  Tensor<detail::activation_of<T, X>, 3> step_with(const TransformerLayerParams<P>& parameters, const X& x_new,
+                                                   KVCache<T, S>& cache, const AttentionOptions<T>& opts = {},
+                                                   const std::vector<Index>& new_tokens = {}) const {
     static_assert(std::is_same_v<T, float>, "TransformerLayer: 16-bit parameters run in a float layer");
     return checked_step<S, P>(parameters, x_new, cache, opts, new_tokens);
   }
@@ -305,18 +307,23 @@ class TransformerLayer {
   static constexpr const char* backward_name = "TransformerLayer::backward";
   static constexpr const char* step_name = "TransformerLayer::step";
 
-  /// step_with on parameters stored as P (T, or 16 bits): every argument checked, then the walk.
+  /// step_with on parameters stored as P (T, or 16 bits): every argument checked, then the walk. 16-bit activations
+  /// are widened exactly, run as T, and the output rounded once.
   template <typename S, typename P, typename X>
-  Tensor<T, 3> checked_step(const TransformerLayerParams<P>& parameters, const X& x_new, KVCache<T, S>& cache,
-                            const AttentionOptions<T>& opts, const std::vector<Index>& new_tokens) const {
-    Tensor<T, 3> y;
-    if constexpr (detail::check_layer_arguments<T, X>()) {
+  Tensor<detail::activation_of<T, X>, 3> checked_step(const TransformerLayerParams<P>& parameters, const X& x_new,
+                                                      KVCache<T, S>& cache, const AttentionOptions<T>& opts,
+                                                      const std::vector<Index>& new_tokens) const {
+    if constexpr (!detail::check_layer_inference_arguments<T, X>()) {
+      return {};
+    } else if constexpr (!std::is_same_v<detail::activation_of<T, X>, T>) {
+      const Tensor<T, 3> wide = tensor_cast<T>(x_new);
+      return tensor_cast<detail::activation_of<T, X>>(checked_step<S, P>(parameters, wide, cache, opts, new_tokens));
+    } else {
       const TensorView<const T, 3> x = detail::const_view(x_new);
       check_input(step_name, "x_new", x);
       check_params(step_name, parameters);
-      y = run_step(parameters, x, cache, opts, new_tokens);
+      return run_step(parameters, x, cache, opts, new_tokens);
     }
-    return y;
   }
 
   static TransformerLayerConfig checked(const TransformerLayerConfig& c) {
@@ -364,14 +371,7 @@ class TransformerLayer {
   template <typename P>
   Tensor<T, 3> normalize(const TensorView<const T, 3>& x, const Tensor<P, 1>& weight, const Tensor<P, 1>& bias,
                          detail::NormStatistics<T>& stats) const {
-    if constexpr (!std::is_same_v<P, T>) {
-      return normalize(x, tensor_cast<T>(weight), tensor_cast<T>(bias), stats);
-    } else {
-      Tensor<T, 3> y(x.shape());
-      detail::norm_forward_into<T>(config_.norm, static_cast<T>(config_.norm_eps), x, weight.view(), bias.view(),
-                                   y.view(), stats);
-      return y;
-    }
+    return detail::norm_inference<T, P>(config_.norm, static_cast<T>(config_.norm_eps), x, weight, bias, stats);
   }
 
   /// dx of y = norm(x), the parameter gradients into dweight and dbias (sized here; dbias only with a bias).

@@ -213,8 +213,9 @@ class TransformerStack {
   /// forward with Causal::top_left. If step throws on its arguments the caches are unchanged; a keep-all cache is
   /// also rolled back when a later layer runs out of memory.
   template <typename X, typename S>
-  Tensor<T, 3> step(const X& x_new, TransformerStackCache<T, S>& cache, const AttentionOptions<T>& opts = {},
-                    const std::vector<Index>& new_tokens = {}) const {
+  Tensor<detail::activation_of<T, X>, 3> step(const X& x_new, TransformerStackCache<T, S>& cache,
+                                              const AttentionOptions<T>& opts = {},
+                                              const std::vector<Index>& new_tokens = {}) const {
     return step_with(params_, x_new, cache, opts, new_tokens);
   }
 
@@ -232,12 +233,20 @@ class TransformerStack {
   /// y = model.step_with(weights, next_token, cache);
   /// \endcode
   template <typename P, typename X, typename S>
-  Tensor<T, 3> step_with(const TransformerStackParams<P>& parameters, const X& x_new, TransformerStackCache<T, S>& cache,
-                         const AttentionOptions<T>& opts = {}, const std::vector<Index>& new_tokens = {}) const {
+  Tensor<detail::activation_of<T, X>, 3> step_with(const TransformerStackParams<P>& parameters, const X& x_new,
+                                                   TransformerStackCache<T, S>& cache,
+                                                   const AttentionOptions<T>& opts = {},
+                                                   const std::vector<Index>& new_tokens = {}) const {
     static_assert(std::is_same_v<P, T> || (std::is_same_v<T, float> && is_half_width_v<P>),
                   "TransformerStack: parameters of the stack's type, or 16-bit ones in a float stack");
-    Tensor<T, 3> y;
-    if constexpr (detail::check_layer_arguments<T, X>()) {
+    if constexpr (!detail::check_layer_inference_arguments<T, X>()) {
+      return {};
+    } else if constexpr (!std::is_same_v<detail::activation_of<T, X>, T>) {
+      // 16-bit activations: widened exactly, every layer and the final norm in T, the output rounded once.
+      const Tensor<T, 3> wide = tensor_cast<T>(x_new);
+      return tensor_cast<detail::activation_of<T, X>>(step_with(parameters, wide, cache, opts, new_tokens));
+    } else {
+      Tensor<T, 3> y;
       const TensorView<const T, 3> x = detail::const_view(x_new);
       check_params(step_name, parameters);
       check_cache(x, cache);
@@ -256,16 +265,12 @@ class TransformerStack {
         throw;
       }
       if (config_.final_norm) {
-        Tensor<T, 3> h = std::move(y);
-        y = Tensor<T, 3>(h.shape());
-        // 16-bit norm weights widen exactly (E values): the norm of float weights holding the same values.
-        const Tensor<T, 1> weight = tensor_cast<T>(parameters.norm_weight), bias = tensor_cast<T>(parameters.norm_bias);
         detail::NormStatistics<T> stats;
-        detail::norm_forward_into<T>(config_.layer.norm, static_cast<T>(config_.layer.norm_eps), h.view(),
-                                     weight.view(), bias.view(), y.view(), stats);
+        y = detail::norm_inference<T, P>(config_.layer.norm, static_cast<T>(config_.layer.norm_eps), y.view(),
+                                         parameters.norm_weight, parameters.norm_bias, stats);
       }
+      return y;
     }
-    return y;
   }
 
  private:
