@@ -10,6 +10,8 @@
 //   BM_decode_step/N          MultiHeadAttention::step of one token over a cache of N tokens (E = 1024)
 //   BM_decode_step_bf16/N     the same over a bfloat16 cache (tokens/s: the figure to compare with the float cache)
 //   BM_decode_step_bf16_weights/N  the same with bfloat16 projection weights too (step_into_with, params_cast)
+//   BM_decode_step_paired_bf16/N   the float and the bfloat16 cache stepped in alternation in one loop, each step
+//                             timed: float_tokens/s, half_tokens/s and their ratio from the same minutes
 //   BM_stack_step/N           one token through a 4-layer decoder (E = 1024, F = 4096) over caches of N tokens
 //   BM_stack_step_bf16/N      the same with bfloat16 caches and bfloat16 weights (TransformerStack::step_with)
 //   BM_recompute/N            the same token by a full causal forward over all N tokens (no cache)
@@ -20,6 +22,7 @@
 
 #include <selfattn/selfattn.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <optional>
 #include <vector>
@@ -133,43 +136,95 @@ selfattn::MultiHeadAttention<float> decoder(Index heads, Index kv_heads) {
   return selfattn::MultiHeadAttention<float>(cfg, 1);
 }
 
-// One token through the module (projections, RoPE, append, attention) over a cache of N tokens stored as S, which
-// is truncated back to N after each step (so every iteration reads N + 1 keys and values, and the cache holds N + 1
-// slots). step_into: the cache's buffers, no allocation per token. W: the storage type of the projections'
+// One token through the module (projections, RoPE, append, attention) over a cache of `keys` tokens stored as S,
+// which is truncated back to `keys` after each step (so every step reads keys + 1 keys and values, and the cache holds
+// keys + 1 slots). step_into: the cache's buffers, no allocation per token. W: the storage type of the projections'
 // parameters (float: params(); 16-bit: params_cast of them, through step_into_with).
+template <typename S, typename W = float>
+struct DecodeStepSetup {
+  Index keys;
+  selfattn::MultiHeadAttention<float> mha = decoder(8, 8);
+  selfattn::MhaParams<W> weights = selfattn::params_cast<W>(mha.params());
+  selfattn::KVCache<float, S> cache = mha.template make_cache<S>(1, selfattn::CachePolicy::keep_all(keys + 1));
+  Tensor<float, 3> token = filled<3>({1, 1, 8 * head_dim});
+  Tensor<float, 3> output = Tensor<float, 3>({1, 1, 8 * head_dim});
+
+  explicit DecodeStepSetup(Index cached_keys) : keys(cached_keys) {
+    // Keys and values appended directly: a prefill through step would cost O(N^2) per repetition and read the same.
+    const Index chunk = 1024;
+    for (Index filled_keys = 0; filled_keys < keys; filled_keys += chunk) {
+      const auto rows = filled<3>({8, std::min(chunk, keys - filled_keys), head_dim});
+      cache.append(0, rows, rows);
+    }
+  }
+
+  void step() {
+    mha.step_into_with(weights, token, cache, output.view());
+    cache.truncate(0, keys);
+  }
+};
+
 template <typename S = float, typename W = float>
 void decode_step(benchmark::State& state) {
   use_threads(state, 1);
-  const Index keys = state.range(0);
-  const auto mha = decoder(8, 8);
-  const selfattn::MhaParams<W> weights = selfattn::params_cast<W>(mha.params());
-  auto cache = mha.make_cache<S>(1, selfattn::CachePolicy::keep_all(keys + 1));
-  // Keys and values appended directly: a prefill through step would cost O(N^2) per repetition and read the same.
-  const Index chunk = 1024;
-  for (Index filled_keys = 0; filled_keys < keys; filled_keys += chunk) {
-    const auto rows = filled<3>({8, std::min(chunk, keys - filled_keys), head_dim});
-    cache.append(0, rows, rows);
-  }
-  const auto token = filled<3>({1, 1, 8 * head_dim});
-  Tensor<float, 3> output({1, 1, 8 * head_dim});
-  const auto run = [&] {
-    mha.step_into_with(weights, token, cache, output.view());
-    cache.truncate(0, keys);
-  };
+  DecodeStepSetup<S, W> setup(state.range(0));
+  const auto run = [&] { setup.step(); };
   warm_up(run);
   for (auto _ : state) {
     run();
-    benchmark::DoNotOptimize(output.data());
+    benchmark::DoNotOptimize(setup.output.data());
     benchmark::ClobberMemory();
   }
-  state.SetBytesProcessed(static_cast<int64_t>(static_cast<double>(state.iterations()) * kv_bytes(keys, 8, sizeof(S))));
+  state.SetBytesProcessed(
+      static_cast<int64_t>(static_cast<double>(state.iterations()) * kv_bytes(setup.keys, 8, sizeof(S))));
   state.counters["tokens/s"] = benchmark::Counter(1.0, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["cache_MiB"] = static_cast<double>(cache.memory_bytes()) / (1024.0 * 1024.0);
+  state.counters["cache_MiB"] = static_cast<double>(setup.cache.memory_bytes()) / (1024.0 * 1024.0);
 }
+
+// The float and the 16-bit cache (S) stepped in alternation in one timed loop, each step timed on its own: the ratio of
+// their tokens per second from the same minutes. On a shared machine the bandwidth a process gets drifts over
+// minutes (on 2026-12-04 this VM's 2-thread triad had medians of 67 and 39 GB/s in runs ten minutes apart), and
+// benchmarks run one after the other see different machines; paired steps see the same one. Which cache steps first alternates from token to token.
+template <typename S>
+void decode_step_paired(benchmark::State& state) {
+  using clock = std::chrono::steady_clock;
+  use_threads(state, 1);
+  DecodeStepSetup<float> full(state.range(0));
+  DecodeStepSetup<S> half(state.range(0));
+  warm_up([&] {
+    full.step();
+    half.step();
+  });
+  const auto timed = [](auto& setup) {
+    const clock::time_point start = clock::now();
+    setup.step();
+    benchmark::DoNotOptimize(setup.output.data());
+    benchmark::ClobberMemory();
+    return std::chrono::duration<double>(clock::now() - start).count();
+  };
+  double full_seconds = 0.0, half_seconds = 0.0;
+  bool full_first = true;
+  for (auto _ : state) {
+    if (full_first) {
+      full_seconds += timed(full);
+      half_seconds += timed(half);
+    } else {
+      half_seconds += timed(half);
+      full_seconds += timed(full);
+    }
+    full_first = !full_first;
+  }
+  const auto steps = static_cast<double>(state.iterations());
+  state.counters["float_tokens/s"] = steps / full_seconds;
+  state.counters["half_tokens/s"] = steps / half_seconds;
+  state.counters["ratio"] = full_seconds / half_seconds;
+}
+
 void BM_decode_step(benchmark::State& state) { decode_step<float>(state); }
 void BM_decode_step_bf16(benchmark::State& state) { decode_step<selfattn::bfloat16>(state); }
 void BM_decode_step_f16(benchmark::State& state) { decode_step<selfattn::float16>(state); }
 void BM_decode_step_bf16_weights(benchmark::State& state) { decode_step<selfattn::bfloat16, selfattn::bfloat16>(state); }
+void BM_decode_step_paired_bf16(benchmark::State& state) { decode_step_paired<selfattn::bfloat16>(state); }
 
 // One token through a 4-layer decoder (TransformerStack, decoder_layer_config(1024, 8): pre-norm, GELU FFN of 4096,
 // RoPE; 48 MiB of float weights per layer) over caches of N tokens stored as S, with the parameters stored as W
@@ -254,6 +309,7 @@ BENCHMARK(BM_decode_step)->Apply(step_shapes)->UseRealTime()->Unit(benchmark::kM
 BENCHMARK(BM_decode_step_bf16)->Apply(step_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_decode_step_f16)->Apply(step_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_decode_step_bf16_weights)->Apply(step_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_decode_step_paired_bf16)->Apply(step_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_stack_step)->ArgNames({"", "threads"})->Args({128, 1})->Args({4096, 1})->Args({4096, 2})
     ->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_stack_step_bf16)->ArgNames({"", "threads"})->Args({128, 1})->Args({4096, 1})->Args({4096, 2})
