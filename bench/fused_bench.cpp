@@ -10,6 +10,8 @@
 //                                                  the BF16 dot-product instruction where the build's target has it
 //                                                  (-march=native on a CPU with avx512_bf16), else float arithmetic
 //                                                  on the widened inputs; out rounded to bfloat16
+//   BM_fused_forward_into, _into_bf16              sdpa_forward_into on float / bfloat16 inputs with one workspace
+//                                                  and output kept across calls: no allocation in the timed loop
 //   BM_eigen_forward_gemms/N/D:d/threads:t         per head S = Q K^T, O = S V with Eigen, nothing else
 //   BM_fused_backward, BM_reference_backward       sdpa_backward (given the forward's out and lse)
 //   BM_eigen_backward_gemms/N/D:d/threads:t        per head the five GEMMs of the backward: S = Q K^T, dP = dO V^T,
@@ -156,8 +158,36 @@ void attention_forward_stored(benchmark::State& state) {
   });
 }
 
+// sdpa_forward_into on inputs of S (float or 16-bit) with one workspace and one output kept across calls: the
+// kernel without the allocation of its results and scratch. An allocating call of N = 4096, H = 8 takes 8 MiB of new
+// memory for a float out and about 28 MiB on bfloat16 inputs (the widened q, the float out before rounding, K and V
+// packed into pairs, the bfloat16 out); where fresh pages are slow (this VM: up to 16 us per 4 KiB page on first
+// touch) that cost lands in BM_fused_forward_bf16 more than in BM_fused_forward and swings from run to run.
+template <typename S>
+void attention_forward_into(benchmark::State& state) {
+  const Index n = state.range(0), d = state.range(1);
+  const bool causal = state.range(2) != 0;
+  set_threads(static_cast<int>(state.range(3)));
+  const Inputs x(n, d);
+  const Tensor<S, 4> q = tensor_cast<S>(x.q), k = tensor_cast<S>(x.k), v = tensor_cast<S>(x.v);
+  Tensor<S, 4> out(q.shape());
+  Tensor<float, 3> lse({q.dim(0), q.dim(1), q.dim(2)});
+  AttentionWorkspace<float> workspace;
+  AttentionOptions<float> opts;
+  opts.causal = causal ? Causal::top_left : Causal::none;
+  const auto run = [&] {
+    sdpa_forward_into(q, k, v, out.view(), lse.view(), opts, workspace);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  };
+  run();  // the workspace's first (allocating) call, untimed
+  timed(state, forward_flops(n, d), causal_fraction(n, causal), run);
+}
+
 void BM_fused_forward(benchmark::State& state) { attention_forward(state, Kernel::automatic); }
 void BM_fused_forward_bf16(benchmark::State& state) { attention_forward_stored<bfloat16>(state); }
+void BM_fused_forward_into(benchmark::State& state) { attention_forward_into<float>(state); }
+void BM_fused_forward_into_bf16(benchmark::State& state) { attention_forward_into<bfloat16>(state); }
 void BM_reference_forward(benchmark::State& state) { attention_forward(state, Kernel::reference); }
 void BM_fused_backward(benchmark::State& state) { attention_backward(state, Kernel::automatic); }
 void BM_reference_backward(benchmark::State& state) { attention_backward(state, Kernel::reference); }
@@ -300,6 +330,8 @@ BENCHMARK(BM_bf16_dot_peak)->MeasureProcessCPUTime();
 BENCHMARK(BM_fused_forward)->Apply([](auto* b) { attention_args(b, 16384); });
 BENCHMARK(BM_reference_forward)->Apply([](auto* b) { attention_args(b, 4096); });  // holds N^2 scores per head
 BENCHMARK(BM_fused_forward_bf16)->Apply([](auto* b) { attention_args(b, 4096); });
+BENCHMARK(BM_fused_forward_into)->Apply([](auto* b) { attention_args(b, 4096); });
+BENCHMARK(BM_fused_forward_into_bf16)->Apply([](auto* b) { attention_args(b, 4096); });
 BENCHMARK(BM_eigen_forward_gemms)->Apply([](auto* b) { gemm_args(b, 16384); });  // S: N^2 floats (1 GB at 16384)
 BENCHMARK(BM_fused_backward)->Apply([](auto* b) { attention_args(b, 16384); });
 BENCHMARK(BM_reference_backward)->Apply([](auto* b) { attention_args(b, 4096); });
