@@ -140,9 +140,14 @@ void attention_backward(benchmark::State& state, Kernel kernel) {
   });
 }
 
-// attention_forward on inputs stored as S (bfloat16): the same values rounded, the same nominal FLOPs.
+// attention_forward on inputs stored as S (float or bfloat16; the same values rounded, the same nominal FLOPs):
+// sdpa_forward, or with `into` sdpa_forward_into with one workspace and one output kept across calls, the kernel
+// without the allocation of its results and scratch. An allocating call of N = 4096, H = 8 takes 8 MiB of new memory
+// for a float out and about 28 MiB on bfloat16 inputs (the widened q, the float out before rounding, K and V packed
+// into pairs, the bfloat16 out); where fresh pages are slow (this VM: up to 16 us per 4 KiB page on first touch)
+// that cost lands in BM_fused_forward_bf16 more than in BM_fused_forward and swings from run to run.
 template <typename S>
-void attention_forward_stored(benchmark::State& state) {
+void attention_forward_stored(benchmark::State& state, bool into) {
   const Index n = state.range(0), d = state.range(1);
   const bool causal = state.range(2) != 0;
   set_threads(static_cast<int>(state.range(3)));
@@ -150,44 +155,27 @@ void attention_forward_stored(benchmark::State& state) {
   const Tensor<S, 4> q = tensor_cast<S>(x.q), k = tensor_cast<S>(x.k), v = tensor_cast<S>(x.v);
   AttentionOptions<float> opts;
   opts.causal = causal ? Causal::top_left : Causal::none;
-  timed(state, forward_flops(n, d), causal_fraction(n, causal), [&] {
-    AttentionForward<S> fwd = sdpa_forward(q, k, v, opts);
-    S* out = fwd.out.data();
-    benchmark::DoNotOptimize(out);
-    benchmark::ClobberMemory();
-  });
-}
-
-// sdpa_forward_into on inputs of S (float or 16-bit) with one workspace and one output kept across calls: the
-// kernel without the allocation of its results and scratch. An allocating call of N = 4096, H = 8 takes 8 MiB of new
-// memory for a float out and about 28 MiB on bfloat16 inputs (the widened q, the float out before rounding, K and V
-// packed into pairs, the bfloat16 out); where fresh pages are slow (this VM: up to 16 us per 4 KiB page on first
-// touch) that cost lands in BM_fused_forward_bf16 more than in BM_fused_forward and swings from run to run.
-template <typename S>
-void attention_forward_into(benchmark::State& state) {
-  const Index n = state.range(0), d = state.range(1);
-  const bool causal = state.range(2) != 0;
-  set_threads(static_cast<int>(state.range(3)));
-  const Inputs x(n, d);
-  const Tensor<S, 4> q = tensor_cast<S>(x.q), k = tensor_cast<S>(x.k), v = tensor_cast<S>(x.v);
-  Tensor<S, 4> out(q.shape());
-  Tensor<float, 3> lse({q.dim(0), q.dim(1), q.dim(2)});
+  Tensor<S, 4> out(into ? q.shape() : std::array<Index, 4>{});
+  Tensor<float, 3> lse(into ? std::array<Index, 3>{q.dim(0), q.dim(1), q.dim(2)} : std::array<Index, 3>{});
   AttentionWorkspace<float> workspace;
-  AttentionOptions<float> opts;
-  opts.causal = causal ? Causal::top_left : Causal::none;
   const auto run = [&] {
-    sdpa_forward_into(q, k, v, out.view(), lse.view(), opts, workspace);
-    benchmark::DoNotOptimize(out.data());
+    if (into) {
+      sdpa_forward_into(q, k, v, out.view(), lse.view(), opts, workspace);
+      benchmark::DoNotOptimize(out.data());
+    } else {
+      AttentionForward<S> fwd = sdpa_forward(q, k, v, opts);
+      benchmark::DoNotOptimize(fwd.out.data());
+    }
     benchmark::ClobberMemory();
   };
-  run();  // the workspace's first (allocating) call, untimed
+  if (into) run();  // the workspace's first (allocating) call, untimed
   timed(state, forward_flops(n, d), causal_fraction(n, causal), run);
 }
 
 void BM_fused_forward(benchmark::State& state) { attention_forward(state, Kernel::automatic); }
-void BM_fused_forward_bf16(benchmark::State& state) { attention_forward_stored<bfloat16>(state); }
-void BM_fused_forward_into(benchmark::State& state) { attention_forward_into<float>(state); }
-void BM_fused_forward_into_bf16(benchmark::State& state) { attention_forward_into<bfloat16>(state); }
+void BM_fused_forward_bf16(benchmark::State& state) { attention_forward_stored<bfloat16>(state, false); }
+void BM_fused_forward_into(benchmark::State& state) { attention_forward_stored<float>(state, true); }
+void BM_fused_forward_into_bf16(benchmark::State& state) { attention_forward_stored<bfloat16>(state, true); }
 void BM_reference_forward(benchmark::State& state) { attention_forward(state, Kernel::reference); }
 void BM_fused_backward(benchmark::State& state) { attention_backward(state, Kernel::automatic); }
 void BM_reference_backward(benchmark::State& state) { attention_backward(state, Kernel::reference); }
