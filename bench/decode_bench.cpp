@@ -181,10 +181,11 @@ void decode_step(benchmark::State& state) {
   state.counters["cache_MiB"] = static_cast<double>(setup.cache.memory_bytes()) / (1024.0 * 1024.0);
 }
 
-// The float and the 16-bit cache (S) stepped in alternation in one timed loop, each step timed on its own: the ratio of
-// their tokens per second from the same minutes. On a shared machine the bandwidth a process gets drifts over
+// The float and the 16-bit cache (S) stepped in alternation in one timed loop, each step timed on its own: the ratio
+// of their tokens per second from the same minutes. On a shared machine the bandwidth a process gets drifts over
 // minutes (on 2026-12-04 this VM's 2-thread triad had medians of 67 and 39 GB/s in runs ten minutes apart), and
-// benchmarks run one after the other see different machines; paired steps see the same one. Which cache steps first alternates from token to token.
+// benchmarks run one after the other see different machines; paired steps see the same one. Which cache steps first
+// alternates from token to token.
 template <typename S>
 void decode_step_paired(benchmark::State& state) {
   using clock = std::chrono::steady_clock;
