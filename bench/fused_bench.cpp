@@ -42,7 +42,7 @@
 #include <benchmark/benchmark.h>
 
 #include <selfattn/detail/bf16_dot.hpp>
-#include <selfattn/detail/microkernels.hpp>
+#include <selfattn/detail/kernels.hpp>
 #include <selfattn/selfattn.hpp>
 
 #include <chrono>

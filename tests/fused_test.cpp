@@ -11,8 +11,7 @@
 // binary that includes Eigen, so the macro changes no code elsewhere).
 #define EIGEN_RUNTIME_NO_MALLOC
 #include <selfattn/attention.hpp>
-#include <selfattn/detail/fused_backward.hpp>
-#include <selfattn/detail/fused_forward.hpp>
+#include <selfattn/detail/dispatch.hpp>
 #include <selfattn/detail/reference.hpp>
 
 #include "support/compare.hpp"

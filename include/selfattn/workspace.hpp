@@ -4,8 +4,8 @@
 #pragma once
 
 #include <selfattn/detail/decode.hpp>
-#include <selfattn/detail/fused_backward.hpp>
-#include <selfattn/detail/fused_forward.hpp>
+#include <selfattn/detail/fused_scratch.hpp>
+#include <selfattn/detail/fused_scratch.hpp>
 #include <selfattn/detail/widened_inputs.hpp>
 #include <selfattn/tensor.hpp>
 

@@ -17,7 +17,7 @@
 // such a CPU (-march=native on it, -march=sapphirerapids, -march=znver4) gets these products.
 #pragma once
 
-#include <selfattn/detail/microkernels.hpp>
+#include <selfattn/detail/kernels.hpp>
 #include <selfattn/detail/simd.hpp>
 #include <selfattn/half_precision.hpp>
 #include <selfattn/tensor.hpp>

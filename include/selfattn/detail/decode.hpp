@@ -14,6 +14,7 @@
 // Which kernel (reference, fused, decode) a public call runs is attention.hpp's choice (decode_suits).
 #pragma once
 
+#include <selfattn/detail/kernels.hpp>
 #include <selfattn/detail/decode_general.hpp>
 #include <selfattn/detail/decode_grouped.hpp>
 #include <selfattn/detail/decode_rows.hpp>

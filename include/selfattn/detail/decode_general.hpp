@@ -3,6 +3,7 @@
 // per-element masks or dropout; this one takes the rest. Chunks and their merge: decode.hpp.
 #pragma once
 
+#include <selfattn/detail/kernels.hpp>
 #include <selfattn/detail/decode_rows.hpp>
 #include <selfattn/detail/mask.hpp>
 #include <selfattn/detail/params.hpp>

@@ -25,11 +25,11 @@
 
 #include <selfattn/detail/decode_rows.hpp>
 #include <selfattn/detail/mask.hpp>
-#include <selfattn/detail/microkernels.hpp>
+#include <selfattn/detail/kernels.hpp>
 #include <selfattn/detail/params.hpp>
 #include <selfattn/detail/simd.hpp>
 #include <selfattn/detail/softmax.hpp>
-#include <selfattn/detail/widen.hpp>
+#include <selfattn/detail/kernels.hpp>
 #include <selfattn/tensor.hpp>
 
 #include <Eigen/Core>

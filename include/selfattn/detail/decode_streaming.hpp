@@ -25,7 +25,7 @@
 #include <selfattn/detail/params.hpp>
 #include <selfattn/detail/simd.hpp>
 #include <selfattn/detail/softmax.hpp>
-#include <selfattn/detail/widen.hpp>
+#include <selfattn/detail/kernels.hpp>
 #include <selfattn/tensor.hpp>
 
 #include <Eigen/Core>

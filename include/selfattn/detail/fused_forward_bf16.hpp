@@ -14,7 +14,7 @@
 #pragma once
 
 #include <selfattn/detail/bf16_dot.hpp>
-#include <selfattn/detail/fused_forward.hpp>
+#include <selfattn/detail/dispatch.hpp>
 #include <selfattn/detail/params.hpp>
 #include <selfattn/detail/threads.hpp>
 #include <selfattn/half_precision.hpp>

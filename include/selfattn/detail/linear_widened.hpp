@@ -11,7 +11,7 @@
 
 #include <selfattn/detail/simd.hpp>
 #include <selfattn/detail/threads.hpp>
-#include <selfattn/detail/widen.hpp>
+#include <selfattn/detail/kernels.hpp>
 #include <selfattn/half_precision.hpp>
 #include <selfattn/tensor.hpp>
 

@@ -71,17 +71,6 @@ EIGEN_STRONG_INLINE P minus_alibi(const P& score, const P& slope, const P& diago
   return psub(score, pmul(slope, pabs(psub(diagonal, key))));
 }
 
-/// The range rule on a packet: `score` where begin <= key < end, -inf elsewhere (selected, never computed: a
-/// NaN product at a masked key must not survive). The operands are key indices as T, one per lane.
-template <typename T>
-EIGEN_STRONG_INLINE micro::Packet<T> select_in_range(const micro::Packet<T>& score, const micro::Packet<T>& begin,
-                                                     const micro::Packet<T>& end, const micro::Packet<T>& key) {
-  using namespace Eigen::internal;
-  using P = micro::Packet<T>;
-  const P visible = pand(pcmp_le(begin, key), pcmp_lt(key, end));
-  return pselect(visible, score, pset1<P>(-std::numeric_limits<T>::infinity()));
-}
-
 /// The mask description kernels receive: filled from validated options, never throws.
 template <typename T>
 struct MaskParams {

@@ -16,7 +16,6 @@
 //      from a side of weight 0 (0 * inf would be NaN).                                       merge_partial
 #pragma once
 
-#include <selfattn/detail/simd.hpp>
 #include <selfattn/tensor.hpp>
 
 #include <algorithm>
@@ -85,106 +84,5 @@ MergeWeights<T> merge_partial(T& max_a, T& sum_a, T max_b, T sum_b) {
   return weights;
 }
 
-namespace micro {
-
-/// Rule 2 on a packet of rows.
-template <typename T>
-EIGEN_STRONG_INLINE Packet<T> softmax_shift(const Packet<T>& max) {
-  using P = Packet<T>;
-  const P minus_infinity = Eigen::internal::pset1<P>(-std::numeric_limits<T>::infinity());
-  return Eigen::internal::pselect(Eigen::internal::pcmp_eq(max, minus_infinity), Eigen::internal::pset1<P>(T(0)), max);
-}
-
-/// Rule 1 on a packet: exp(s - shift) where s is not -inf, exactly 0 where it is.
-template <typename T>
-EIGEN_STRONG_INLINE Packet<T> exp_or_zero(const Packet<T>& s, const Packet<T>& shift) {
-  using P = Packet<T>;
-  const P minus_infinity = Eigen::internal::pset1<P>(-std::numeric_limits<T>::infinity());
-  const P masked = Eigen::internal::pcmp_eq(s, minus_infinity);
-  return Eigen::internal::pselect(masked, Eigen::internal::pset1<P>(T(0)),
-                                  exp_packet<T>(Eigen::internal::psub(s, shift)));
-}
-
-/// The online softmax's step on a packet of rows (FlashAttention): the maximum raised to include `candidate`,
-/// the shift the new terms are taken against, and alpha, the factor that rescales what was accumulated against
-/// the old maximum (rule 5 with the new terms already taken against the new shift).
-template <typename T>
-struct Rescale {
-  Packet<T> max;    ///< m' = max(m, candidate)
-  Packet<T> shift;  ///< softmax_shift(m')
-  Packet<T> alpha;  ///< exp(m - shift), 0 while m = -inf
-};
-
-template <typename T>
-EIGEN_STRONG_INLINE Rescale<T> raise_max(const Packet<T>& max, const Packet<T>& candidate) {
-  const Packet<T> raised = Eigen::internal::pmax(max, candidate);
-  const Packet<T> shift = softmax_shift<T>(raised);
-  return {raised, shift, exp_or_zero<T>(max, shift)};
-}
-
-/// Rule 5 on packets of rows (or of one row's values under broadcast weights): the weights of two partials.
-template <typename T>
-struct MergeWeights {
-  Packet<T> a;  ///< exp(m_a - shift(m)), 0 for a side that saw no key
-  Packet<T> b;  ///< exp(m_b - shift(m))
-
-  /// Merged values: w_a x_a + w_b x_b, a side of weight 0 skipped (0 * inf would be NaN).
-  EIGEN_STRONG_INLINE Packet<T> value(const Packet<T>& x_a, const Packet<T>& x_b) const {
-    using namespace Eigen::internal;
-    const Packet<T> zero = pset1<Packet<T>>(T(0)), from_a = pmul(a, x_a), from_b = pmul(b, x_b);
-    return pselect(pcmp_eq(b, zero), from_a, pselect(pcmp_eq(a, zero), from_b, padd(from_a, from_b)));
-  }
-};
-
-/// Rule 5 for a packet of rows, as detail::merge_partial for one: (max_a, sum_a) becomes the merged pair.
-template <typename T>
-EIGEN_STRONG_INLINE MergeWeights<T> merge_partial(Packet<T>& max_a, Packet<T>& sum_a, const Packet<T>& max_b,
-                                                  const Packet<T>& sum_b) {
-  using namespace Eigen::internal;
-  const Packet<T> max = pmax(max_a, max_b);
-  const Packet<T> shift = softmax_shift<T>(max);
-  const MergeWeights<T> weights{exp_or_zero<T>(max_a, shift), exp_or_zero<T>(max_b, shift)};
-  max_a = max;
-  sum_a = padd(pmul(weights.a, sum_a), pmul(weights.b, sum_b));  // always both: a NaN sum must carry (rule 4)
-  return weights;
-}
-
-/// The softmax of one row of n scores in place, unnormalised: s_j := exp_or_zero(s_j, shift) (rules 1, 2).
-/// Returns the row's maximum; *sum receives l = sum_j s_j.
-template <typename T>
-T softmax_row(T* s, Index n, T* sum) {
-  using namespace Eigen::internal;
-  using P = Packet<T>;
-  constexpr Index ps = packet_size<T>;
-  constexpr T minus_infinity = -std::numeric_limits<T>::infinity();
-  P max_packet = pset1<P>(minus_infinity);
-  Index j = 0;
-  for (; j + ps <= n; j += ps) max_packet = pmax(max_packet, ploadu<P>(s + j));
-  T lanes[ps];
-  pstoreu(lanes, max_packet);
-  T max = minus_infinity;
-  for (Index lane = 0; lane < ps; ++lane) max = std::max(max, lanes[lane]);
-  for (; j < n; ++j) max = std::max(max, s[j]);
-
-  const T shift = detail::softmax_shift(max);
-  const P shift_packet = pset1<P>(shift);
-  P sum_packet = pset1<P>(T(0));
-  for (j = 0; j + ps <= n; j += ps) {
-    const P probability = exp_or_zero<T>(ploadu<P>(s + j), shift_packet);
-    sum_packet = padd(sum_packet, probability);
-    pstoreu(s + j, probability);
-  }
-  pstoreu(lanes, sum_packet);
-  T total = T(0);
-  for (Index lane = 0; lane < ps; ++lane) total += lanes[lane];
-  for (; j < n; ++j) {
-    s[j] = detail::exp_or_zero(s[j], shift);
-    total += s[j];
-  }
-  *sum = total;
-  return max;
-}
-
-}  // namespace micro
 
 }  // namespace selfattn::detail

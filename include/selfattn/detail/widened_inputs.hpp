@@ -4,6 +4,7 @@
 // calls (AttentionWorkspace::widened).
 #pragma once
 
+#include <selfattn/detail/kernels.hpp>
 #include <selfattn/detail/simd.hpp>
 #include <selfattn/detail/threads.hpp>
 #include <selfattn/half_precision.hpp>

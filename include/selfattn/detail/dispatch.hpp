@@ -1,0 +1,106 @@
+// selfattn/detail/dispatch.hpp — the one place that decides which kernel runs: the instruction-set level (cpu.hpp's
+// cpu_info().selected), the element type and the storage type. Everything below the public entries calls these.
+//
+//   float          the fused forward and backward at the selected level: isa_avx512 (also for avx512_bf16: the
+//                  float kernels have no bfloat16 products), isa_avx2, or the generic kernels
+//   double         the generic kernels (as compiled): the double paths are the tests' reference precision
+//   16-bit K, V    the generic kernels (each tile widened as it is used)
+#pragma once
+
+#include <selfattn/cpu.hpp>
+#include <selfattn/detail/kernels.hpp>
+
+#include <cstddef>
+#include <type_traits>
+
+namespace selfattn::detail {
+
+/// f(level) with level the namespace tag of the float kernels to run: f(isa_avx512_tag{}) ..., or f(generic_tag{}).
+struct generic_tag {};
+struct avx2_tag {};
+struct avx512_tag {};
+
+template <typename T, typename F>
+decltype(auto) at_kernel_level(F&& f) {
+#if SELFATTN_DISPATCH_X86
+  if constexpr (std::is_same_v<T, float>) {
+    switch (cpu_info().selected) {
+      case Isa::avx512:
+      case Isa::avx512_bf16: return f(avx512_tag{});
+      case Isa::avx2: return f(avx2_tag{});
+      default: break;
+    }
+  }
+#endif
+  return f(generic_tag{});
+}
+
+/// Query rows per block of the fused forward (keys per tile of the backward) at the level that runs.
+template <typename T>
+Index fused_lanes() {
+  return at_kernel_level<T>([](auto level) -> Index {
+#if SELFATTN_DISPATCH_X86
+    if constexpr (std::is_same_v<decltype(level), avx512_tag>) return isa_avx512::FusedTiles<T>::lanes;
+    if constexpr (std::is_same_v<decltype(level), avx2_tag>) return isa_avx2::FusedTiles<T>::lanes;
+#endif
+    static_cast<void>(level);
+    return FusedTiles<T>::lanes;
+  });
+}
+
+/// Bytes of scratch memory one thread of fused_forward allocates (besides the outputs): O(tile), no Lq, no Lk.
+template <typename T>
+std::size_t fused_forward_workspace_bytes(Index head_dim, Index value_dim) {
+  return ForwardWorkspace<T>::bytes(head_dim, value_dim, fused_lanes<T>());
+}
+
+/// The fused forward with the products in T.
+template <typename T>
+void fused_forward(const AttentionParams<T>& p, const ForwardOutputs<T>& result, FusedForwardScratch<T>& scratch) {
+  at_kernel_level<T>([&](auto level) {
+#if SELFATTN_DISPATCH_X86
+    if constexpr (std::is_same_v<decltype(level), avx512_tag>)
+      return isa_avx512::fused_forward_blocks(p, result, scratch, isa_avx512::ElementProducts<T>{});
+    if constexpr (std::is_same_v<decltype(level), avx2_tag>)
+      return isa_avx2::fused_forward_blocks(p, result, scratch, isa_avx2::ElementProducts<T>{});
+#endif
+    static_cast<void>(level);
+    return fused_forward_blocks(p, result, scratch, ElementProducts<T>{});
+  });
+}
+
+/// The fused forward on keys and values stored as KV (16 bits): each tile widened as it is used (ElementProducts).
+template <typename T, typename KV>
+void fused_forward_stored(const AttentionParams<T, KV>& p, const ForwardOutputs<T>& result,
+                          FusedForwardScratch<T>& scratch) {
+  fused_forward_blocks(p, result, scratch, ElementProducts<T, KV>{p.head_dim(), p.value_dim()});
+}
+
+/// fused_forward with scratch of its own, allocated for this call.
+template <typename T>
+void fused_forward(const AttentionParams<T>& p, const ForwardOutputs<T>& result) {
+  FusedForwardScratch<T> scratch;
+  fused_forward(p, result, scratch);
+}
+
+/// The fused backward: dq, dk, dv (and dbias) from the saved out and lse.
+template <typename T>
+void fused_backward(const AttentionParams<T>& p, const BackwardTensors<T>& g, FusedBackwardScratch<T>& scratch) {
+  at_kernel_level<T>([&](auto level) {
+#if SELFATTN_DISPATCH_X86
+    if constexpr (std::is_same_v<decltype(level), avx512_tag>) return isa_avx512::fused_backward_blocks(p, g, scratch);
+    if constexpr (std::is_same_v<decltype(level), avx2_tag>) return isa_avx2::fused_backward_blocks(p, g, scratch);
+#endif
+    static_cast<void>(level);
+    return fused_backward_blocks(p, g, scratch);
+  });
+}
+
+/// fused_backward with scratch of its own, allocated for this call.
+template <typename T>
+void fused_backward(const AttentionParams<T>& p, const BackwardTensors<T>& g) {
+  FusedBackwardScratch<T> scratch;
+  fused_backward(p, g, scratch);
+}
+
+}  // namespace selfattn::detail

@@ -1,0 +1,86 @@
+// selfattn/detail/kernels.hpp — the fast kernels, compiled once per instruction-set level.
+//
+// The kernels' text (kernels/*.inc) is written once against Eigen's packet vocabulary (pset1, pmadd, ...) through
+// the name `vec`, and included here several times:
+//   selfattn::detail             the generic level: vec = Eigen::internal, so the packets are whatever the user's
+//                                flags give Eigen (SSE2 in a default build, AVX-512 under -march=native, NEON, ...)
+//   selfattn::detail::isa_avx2   AVX2 + FMA, compiled for that target whatever the flags (packets_avx2.hpp)
+//   selfattn::detail::isa_avx512 AVX-512 F/BW/DQ/VL (packets_avx512.hpp)
+// Each level lives in its own namespace, so no inline function is compiled for two targets under one name (the ODR
+// trap of mixing -m flags), and the dispatched levels are the same code in every translation unit. Which level
+// runs is decided in one place, dispatch.hpp. docs/dispatch.md explains the design and its measurements.
+#pragma once
+
+#include <selfattn/detail/fused_scratch.hpp>
+#include <selfattn/detail/isa_target.hpp>
+#include <selfattn/detail/mask.hpp>
+#include <selfattn/detail/params.hpp>
+#include <selfattn/detail/simd.hpp>
+#include <selfattn/detail/softmax.hpp>
+#include <selfattn/detail/threads.hpp>
+#include <selfattn/half_precision.hpp>
+#include <selfattn/tensor.hpp>
+
+#include <Eigen/Core>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <new>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#if defined(EIGEN_VECTORIZE_SSE2) || SELFATTN_DISPATCH_X86
+#include <immintrin.h>
+#endif
+
+#if SELFATTN_DISPATCH_X86
+#include <selfattn/detail/packets_avx2.hpp>
+#include <selfattn/detail/packets_avx512.hpp>
+#endif
+
+// The generic level: Eigen's packets at the translation unit's flags.
+namespace selfattn::detail {
+namespace vec = ::Eigen::internal;
+/// This level's namespace, for calls the arguments' namespace (selfattn::detail) would make ambiguous.
+namespace level = ::selfattn::detail;
+/// Vector registers the micro-kernels may plan for (kernels/microkernels.inc).
+inline constexpr int vector_registers = EIGEN_ARCH_DEFAULT_NUMBER_OF_REGISTERS;
+#include <selfattn/detail/kernels/all.inc>
+}  // namespace selfattn::detail
+
+#if SELFATTN_DISPATCH_X86
+
+SELFATTN_TARGET_BEGIN(SELFATTN_ISA_FEATURES_AVX2)
+SELFATTN_VECTOR_WARNINGS_OFF
+namespace selfattn::detail::isa_avx2 {
+namespace vec = ::selfattn::detail::packets_avx2;
+namespace level = ::selfattn::detail::isa_avx2;
+inline constexpr int vector_registers = vec::registers;
+namespace micro {
+using ::selfattn::detail::micro::Buffer;
+}  // namespace micro
+#include <selfattn/detail/kernels/all.inc>
+}  // namespace selfattn::detail::isa_avx2
+SELFATTN_VECTOR_WARNINGS_ON
+SELFATTN_TARGET_END
+
+SELFATTN_TARGET_BEGIN(SELFATTN_ISA_FEATURES_AVX512)
+SELFATTN_VECTOR_WARNINGS_OFF
+namespace selfattn::detail::isa_avx512 {
+namespace vec = ::selfattn::detail::packets_avx512;
+namespace level = ::selfattn::detail::isa_avx512;
+inline constexpr int vector_registers = vec::registers;
+namespace micro {
+using ::selfattn::detail::micro::Buffer;
+}  // namespace micro
+#include <selfattn/detail/kernels/all.inc>
+}  // namespace selfattn::detail::isa_avx512
+SELFATTN_VECTOR_WARNINGS_ON
+SELFATTN_TARGET_END
+
+#endif
