@@ -1,4 +1,4 @@
-// Tests of detail/fused_forward.hpp and fused_backward.hpp: the fused forward and backward against the reference kernel (the specification)
+// Tests of the fused forward and backward (detail/kernels/fused_*.inc) against the reference kernel (the specification)
 // over a randomised sweep of shapes, masks, views and dropout; NaN in masked keys and values; fully masked rows
 // and tiles; determinism; dispatch; and the memory the forward allocates (no (Lq, Lk) buffer).
 //

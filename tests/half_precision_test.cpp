@@ -120,7 +120,7 @@ TEST(HalfPrecisionRounding, Float16TiesGoToEvenAndOverflowsToInfinity) {
   EXPECT_EQ(bits_of(y(5)), 0x3C01);
 }
 
-// The packet widening of the decode kernels (detail/widen.hpp: SIMD where the target has it) against the scalar
+// The packet widening of the decode kernels (detail/kernels/widen.inc: SIMD where the target has it) against the scalar
 // widening, lane for lane, over every 16-bit pattern.
 TYPED_TEST(HalfPrecisionTest, PacketWideningMatchesScalarWidening) {
   using S = TypeParam;
@@ -242,14 +242,16 @@ TYPED_TEST(HalfPrecisionTest, ForwardFollowsTheFlashAttentionRuleOnEveryMaskKind
 #ifndef SELFATTN_HALF_PRECISION_SIMD_ONLY  // the native build compiles only the tests of the SIMD kernels
 // The 16-bit entries compute exactly what the float kernels compute on the widened inputs, then round out once:
 // bitwise, for the fused kernel (inputs widened once) and the decode kernel (keys and values read in place). Not
-// the fused kernel on bfloat16 where the BF16 dot products are compiled: it has its own tests below.
+// the fused kernel on bfloat16 where the BF16 dot products are compiled and chosen for this CPU: it has its own
+// tests below.
 TYPED_TEST(HalfPrecisionTest, PublicPathsEqualTheFloatKernelsOnWidenedInputs) {
   using S = TypeParam;
   Random random(77);
   for (Kernel kernel : {Kernel::fused, Kernel::decode})
     for (const test::Shape& shape : test::sweep_shapes) {
       if (kernel == Kernel::decode && shape.q_len > detail::decode_max_query_rows) continue;
-      if (kernel == Kernel::fused && std::is_same_v<S, bfloat16> && detail::micro::has_bf16_dot) continue;
+      const bool bf16_products = detail::micro::has_bf16_dot && detail::bfloat16_products();
+      if (kernel == Kernel::fused && std::is_same_v<S, bfloat16> && bf16_products) continue;
       const HalfCall<S> call(shape, MaskKind::everything, random);
       AttentionOptions<float> opts = call.masks.opts;
       opts.kernel = kernel;
@@ -373,7 +375,7 @@ TEST(HalfPrecisionBf16Fused, RunsOnDotProductsWhereCompiled) {
                                 .out);
   Index differing = 0;
   for (Index n = 0; n < wide.size(); ++n) differing += bits_of(half.out.data()[n]) != bits_of(wide.data()[n]);
-  if (detail::micro::has_bf16_dot)
+  if (detail::micro::has_bf16_dot && detail::bfloat16_products())
     EXPECT_GT(differing, 0) << "the BF16 dot products are compiled but the output is the float kernel's";
   else
     EXPECT_EQ(differing, 0);

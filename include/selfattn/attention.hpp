@@ -356,7 +356,7 @@ void sdpa_forward_into_views(const char* function, const TensorView<const T, 4>&
 
 /// The fused kernel on BF16 dot products (fused_forward_bf16.hpp) when it applies: bfloat16 q, k, v (q widened
 /// exactly; a float q, as in a module's step over a bfloat16 cache, would be rounded), a build with the
-/// instructions and the avx512_bf16 level selected (cpu_info(): SELFATTN_ISA can turn it off), the fused kernel chosen and v free of inf and NaN. Returns whether it ran.
+/// instructions, a CPU on which they beat the FMA (bfloat16_products(), dispatch.hpp), the fused kernel chosen and v free of inf and NaN. Returns whether it ran.
 template <typename S>
 bool run_forward_bf16_dot([[maybe_unused]] const AttentionParams<float, S>& p,
                           [[maybe_unused]] const AttentionOptions<float>& opts,
@@ -364,7 +364,7 @@ bool run_forward_bf16_dot([[maybe_unused]] const AttentionParams<float, S>& p,
                           [[maybe_unused]] AttentionWorkspace<float>& workspace) {
 #if SELFATTN_BF16_DOT
   if constexpr (std::is_same_v<S, bfloat16>)
-    return cpu_info().selected == Isa::avx512_bf16 && forward_kernel(p, opts) == Kernel::fused &&
+    return bfloat16_products() && forward_kernel(p, opts) == Kernel::fused &&
            fused_forward_bf16(p, outputs, workspace.fused);
 #endif
   return false;

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -58,6 +59,10 @@ struct CpuInfo {
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false, avx512_bf16 = false;
   bool amx_tile = false, amx_bf16 = false;  ///< the CPU's flags only (tiles also need the kernel's permission)
+  /// Whether vdpbf16ps beats the 512-bit FMA on this CPU (bfloat16 attention then uses it; else it widens to float).
+  /// From a table of measured CPUs (docs/dispatch.md): AMD's Zen 4 and later, yes (about twice the FMA's FLOP/s);
+  /// Intel's Xeons, no (about half); any other CPU, no.
+  bool bf16_products_faster = false;
   Isa best = Isa::generic;      ///< the highest level this CPU supports and this build can dispatch to
   Isa selected = Isa::generic;  ///< the level the kernels run at: `best`, or lower when SELFATTN_ISA says so
   bool overridden = false;      ///< SELFATTN_ISA was set
@@ -81,6 +86,17 @@ constexpr const char* compiled_simd() {
   return "NEON";
 #else
   return "scalar";
+#endif
+}
+
+/// The level the compiler's flags already give Eigen (its GEMM is then as wide as a dispatched one would be).
+constexpr Isa compiled_level() {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
+  return Isa::avx512;
+#elif defined(__AVX2__) && defined(__FMA__)
+  return Isa::avx2;
+#else
+  return Isa::generic;
 #endif
 }
 
@@ -141,6 +157,9 @@ inline CpuInfo detect_cpu() {
   info.avx512_bf16 = info.avx512f && bit(leaf7_1.eax, 5);
   info.amx_tile = tile_state && bit(leaf7.edx, 24);
   info.amx_bf16 = tile_state && bit(leaf7.edx, 22);
+  // The base family plus the extended family: 0x19 is Zen 3 and Zen 4, 0x1A Zen 5 (Zen 3 has no AVX512-BF16).
+  const unsigned family = ((leaf1.eax >> 8) & 0xFu) + ((leaf1.eax >> 20) & 0xFFu);
+  info.bf16_products_faster = info.avx512_bf16 && info.vendor == "AuthenticAMD" && family >= 0x19;
   return info;
 }
 #else
@@ -169,16 +188,18 @@ inline Isa parse_isa_override(const std::string& value, const CpuInfo& info) {
 }
 
 /// The kernel each dispatched entry runs at `selected` (what docs/dispatch.md tabulates).
-inline std::vector<std::pair<std::string, std::string>> kernels_at(Isa selected) {
+inline std::vector<std::pair<std::string, std::string>> kernels_at(Isa selected, bool bf16_products) {
   const std::string generic = std::string("generic (") + compiled_simd() + ", as compiled)";
   const std::string vector_kernel = selected >= Isa::avx512 ? std::string("avx512 (16 floats per vector)")
                                     : selected == Isa::avx2 ? std::string("avx2 (8 floats per vector, FMA)")
                                                             : generic;
+  const bool linear_dispatched = std::min(selected, Isa::avx512) > compiled_level();
   return {{"fused forward and backward, float", vector_kernel},
+          {"linear layers (projections, FFN), float", linear_dispatched ? vector_kernel : "Eigen's GEMM, as compiled"},
           {"fused forward and backward, double", generic},
-          {"bfloat16 dot-product forward", selected == Isa::avx512_bf16 ? "vdpbf16ps where compiled in (-mavx512bf16)"
-                                                                        : "off: widened to float"},
-          {"decode, 16-bit widening, projections (Eigen GEMM)", generic}};
+          {"bfloat16 attention", bf16_products ? "vdpbf16ps dot products (where compiled in: -mavx512bf16)"
+                                               : "widened to float, " + vector_kernel},
+          {"decode kernels, few-row projections, linear backward (Eigen GEMM)", generic}};
 }
 
 /// The detection and the override, resolved.
@@ -190,7 +211,7 @@ inline CpuInfo resolve_cpu_info() {
     info.selected = parse_isa_override(value, info);
     info.overridden = true;
   }
-  info.kernels = kernels_at(info.selected);
+  info.kernels = kernels_at(info.selected, info.selected == Isa::avx512_bf16 && info.bf16_products_faster);
   return info;
 }
 

@@ -26,14 +26,14 @@ enum class Causal {
 /// `automatic` (the default) chooses: the reference kernel when `need_weights` asks for the probabilities (only
 /// it materialises them); the decode kernel (detail/decode.hpp: keys split into chunks across threads, partials
 /// merged by log-sum-exp) when there are at most 16 query rows per head, as in incremental decoding; otherwise
-/// the fused kernel (detail/fused_forward.hpp: tiled online softmax, O(tile) memory beyond inputs and outputs).
+/// the fused kernel (detail/kernels/fused_forward.inc: tiled online softmax, O(tile) memory beyond inputs and outputs).
 /// The other values ask for one kernel; `need_weights` still runs the reference. Every kernel gives the same
 /// results up to rounding, and `sdpa_backward` accepts the `out` and `lse` of any forward. The backward has two
 /// kernels: `reference` runs the reference backward, every other value the fused one.
 enum class Kernel {
   automatic,  ///< reference if need_weights, decode for Lq <= 16, else fused: the default
   reference,  ///< always the reference kernel (detail/reference.hpp): the specification
-  fused,      ///< the fused kernel (detail/fused_forward.hpp, fused_backward.hpp)
+  fused,      ///< the fused kernel (detail/kernels/fused_forward.inc, fused_backward.inc)
   decode      ///< the decode kernel (detail/decode.hpp), any Lq; its backward is the fused one
 };
 

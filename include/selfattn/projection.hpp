@@ -5,6 +5,7 @@
 /// Shapes: x (B, L, In), W (Out, In), b (Out) or absent -> y (B, L, Out).
 #pragma once
 
+#include <selfattn/detail/dispatch.hpp>
 #include <selfattn/detail/linear_widened.hpp>
 #include <selfattn/errors.hpp>
 #include <selfattn/half_precision.hpp>
@@ -30,6 +31,10 @@ void linear_into(const TensorView<const T, 3>& x, const TensorView<const T, 2>& 
   for (Index b = 0; b < blocks; ++b) {
     const TensorView<const T, 2> xb(x.data() + b * x.stride(0), {rows, x.dim(2)}, {x.stride(1), 1});
     const TensorView<T, 2> yb(y.data() + b * y.stride(0), {rows, y.dim(2)}, {y.stride(1), 1});
+    if (weight.stride(1) == 1 && linear_at_level<T>(rows, weight.dim(0), x.dim(2), xb.data(), xb.stride(0),
+                                                    weight.data(), weight.stride(0), bias.empty() ? nullptr : bias.data(),
+                                                    yb.data(), yb.stride(0)))
+      continue;  // the dispatched level's GEMM (detail/dispatch.hpp); Eigen's below
     auto out = as_matrix(yb);
     out.noalias() = as_matrix(xb) * w.transpose();  // y = x W^T
     if (!bias.empty()) out.rowwise() += as_vector(bias);  // + b (an empty bias is absent)

@@ -31,7 +31,7 @@ set(kernel_names "selfattn::detail::(sdpa_forward_views|sdpa_forward_into_views|
 attention_weights_views|run_forward|\
 fused_forward|fused_forward_block|fused_backward|fused_backward_tile|reference_forward|reference_backward|\
 decode_forward|decode_general|decode_grouped|decode_streaming|linear_into|fused_qkv_projection)[a-z_]*<|\
-selfattn::detail::micro::|selfattn::linear_backward<|\
+selfattn::detail::micro::|selfattn::detail::isa_[a-z0-9]+::|selfattn::linear_backward<|\
 selfattn::MultiHeadAttention<(float|double)>::(forward_views|step_views|step_into_views|backward_views|project)\
 (<[a-z]+>)?\\(")
 string(REGEX MATCHALL "\n[^\n]*(${kernel_names})[^\n]*" offenders "${caller_defined}")

@@ -8,7 +8,7 @@
 // Unlike float arithmetic the instructions treat subnormal inputs (|x| < 2^-126) as 0 and flush subnormal results to
 // 0, the conversion of probabilities to bfloat16 included.
 //
-// The micro-kernel is the float one (microkernels.hpp) with depth counted in pairs: A's pairs broadcast to every
+// The micro-kernel is the float one (kernels/microkernels.inc) with depth counted in pairs: A's pairs broadcast to every
 // lane, B's read as packets of 16 pairs, MR x NV float accumulators in registers, an epilogue per block of rows.
 // One pair-step does the multiply-adds of two float steps in one instruction: twice the arithmetic rate of FMA.
 //

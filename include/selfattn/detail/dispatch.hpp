@@ -4,12 +4,16 @@
 //   float          the fused forward and backward at the selected level: isa_avx512 (also for avx512_bf16: the
 //                  float kernels have no bfloat16 products), isa_avx2, or the generic kernels
 //   double         the generic kernels (as compiled): the double paths are the tests' reference precision
-//   16-bit K, V    the generic kernels (each tile widened as it is used)
+//   16-bit K, V    float at the selected level, each tile widened as it is used; the bfloat16 dot products
+//                  (fused_forward_bf16.hpp) only where bfloat16_products() says they are the faster path
+//   linear         y = x W^T + b in float at a dispatched level above the compiler's flags: that level's GEMM
+//                  (kernels/gemm.inc); otherwise (generic, -march reaching the level, double) Eigen's, as compiled
 #pragma once
 
 #include <selfattn/cpu.hpp>
 #include <selfattn/detail/kernels.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <type_traits>
 
@@ -33,6 +37,14 @@ decltype(auto) at_kernel_level(F&& f) {
   }
 #endif
   return f(generic_tag{});
+}
+
+/// Whether bfloat16 attention should use the BF16 dot products (vdpbf16ps, fused_forward_bf16.hpp) rather than
+/// widen to float and use FMAs: only at the avx512_bf16 level and on CPUs where the instruction was measured faster
+/// than the FMA (CpuInfo::bf16_products_faster; docs/dispatch.md has the table and the measurements).
+inline bool bfloat16_products() {
+  const CpuInfo& cpu = cpu_info();
+  return cpu.selected == Isa::avx512_bf16 && cpu.bf16_products_faster;
 }
 
 /// Query rows per block of the fused forward (keys per tile of the backward) at the level that runs.
@@ -73,7 +85,18 @@ void fused_forward(const AttentionParams<T>& p, const ForwardOutputs<T>& result,
 template <typename T, typename KV>
 void fused_forward_stored(const AttentionParams<T, KV>& p, const ForwardOutputs<T>& result,
                           FusedForwardScratch<T>& scratch) {
-  fused_forward_blocks(p, result, scratch, ElementProducts<T, KV>{p.head_dim(), p.value_dim()});
+  at_kernel_level<T>([&](auto level) {
+#if SELFATTN_DISPATCH_X86
+    if constexpr (std::is_same_v<decltype(level), avx512_tag>)
+      return isa_avx512::fused_forward_blocks(p, result, scratch,
+                                              isa_avx512::ElementProducts<T, KV>{p.head_dim(), p.value_dim()});
+    if constexpr (std::is_same_v<decltype(level), avx2_tag>)
+      return isa_avx2::fused_forward_blocks(p, result, scratch,
+                                            isa_avx2::ElementProducts<T, KV>{p.head_dim(), p.value_dim()});
+#endif
+    static_cast<void>(level);
+    return fused_forward_blocks(p, result, scratch, ElementProducts<T, KV>{p.head_dim(), p.value_dim()});
+  });
 }
 
 /// fused_forward with scratch of its own, allocated for this call.
@@ -93,6 +116,31 @@ void fused_backward(const AttentionParams<T>& p, const BackwardTensors<T>& g, Fu
 #endif
     static_cast<void>(level);
     return fused_backward_blocks(p, g, scratch);
+  });
+}
+
+/// y (rows, out) = x (rows, depth) W^T + b at the dispatched level; false, doing nothing, where the caller's Eigen
+/// GEMM is at least as wide (the generic level, a build whose flags reach the selected level, double): the caller
+/// then runs Eigen's. Rows ld* elements apart, elements contiguous; bias null or (out).
+template <typename T>
+bool linear_at_level([[maybe_unused]] Index rows, [[maybe_unused]] Index out, [[maybe_unused]] Index depth,
+                     [[maybe_unused]] const T* x, [[maybe_unused]] Index ldx, [[maybe_unused]] const T* w,
+                     [[maybe_unused]] Index ldw, [[maybe_unused]] const T* bias, [[maybe_unused]] T* y,
+                     [[maybe_unused]] Index ldy) {
+  if (std::min(cpu_info().selected, Isa::avx512) <= compiled_level()) return false;
+  return at_kernel_level<T>([&](auto level) {
+#if SELFATTN_DISPATCH_X86
+    if constexpr (std::is_same_v<decltype(level), avx512_tag>) {
+      isa_avx512::linear_rows(rows, out, depth, x, ldx, w, ldw, bias, y, ldy);
+      return true;
+    }
+    if constexpr (std::is_same_v<decltype(level), avx2_tag>) {
+      isa_avx2::linear_rows(rows, out, depth, x, ldx, w, ldw, bias, y, ldy);
+      return true;
+    }
+#endif
+    static_cast<void>(level);
+    return false;
   });
 }
 

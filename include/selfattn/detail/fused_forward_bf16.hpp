@@ -1,6 +1,6 @@
 // selfattn/detail/fused_forward_bf16.hpp — the fused forward on bfloat16 inputs with both products on the BF16
 // dot-product instruction (bf16_dot.hpp): the same blocks, masks, online softmax and outputs as the float kernel
-// (fused_forward.hpp's fused_forward_block), with other products.
+// (kernels/fused_forward.inc's fused_forward_block), with other products.
 //
 //   S^T = K_tile Q^T   pairs along the head dimension: K's rows are pairs already (packed once per call into
 //                      (B, Hkv, Lk, ceil(D / 2)), a copy that pads an odd D with 0), Q^T packed once per block

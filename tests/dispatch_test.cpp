@@ -1,0 +1,217 @@
+// Tests of cpu.hpp and detail/dispatch.hpp: the CPU detection and its SELFATTN_ISA override, that a call runs the
+// level cpu_info() reports, and the fused float kernels of every level this CPU has against the float64 reference
+// and against each other, called level by level in one process.
+//
+// The other kernel tests run at every level too: ctest runs fused_test and fast_paths_test once more per level under
+// SELFATTN_ISA (tests/CMakeLists.txt). Built once more with -march=native (dispatch_native_test), the generic level is
+// Eigen's AVX-512 packets, and the avx512 level must then give bitwise the same results.
+#include <selfattn/attention.hpp>
+#include <selfattn/cpu.hpp>
+#include <selfattn/detail/dispatch.hpp>
+
+#include "support/random.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace selfattn {
+namespace {
+
+using detail::AttentionParams;
+using detail::BackwardTensors;
+using detail::ForwardOutputs;
+
+TEST(CpuInfo, BestLevelFollowsTheFlagsAndIsSelectedUnlessOverridden) {
+  const CpuInfo& info = cpu_info();
+  EXPECT_EQ(info.best, detail::best_level(info));
+  const char* env = std::getenv("SELFATTN_ISA");
+  if (env == nullptr || *env == '\0') {
+    EXPECT_FALSE(info.overridden);
+    EXPECT_EQ(info.selected, info.best);
+  } else {
+    EXPECT_TRUE(info.overridden);
+    EXPECT_STREQ(to_string(info.selected), env);
+  }
+  // Levels imply their parts.
+  EXPECT_TRUE(info.best < Isa::avx2 || (info.avx2 && info.fma));
+  EXPECT_TRUE(info.best < Isa::avx512 || (info.avx512f && info.avx512bw && info.avx512dq && info.avx512vl));
+  EXPECT_TRUE(info.best != Isa::avx512_bf16 || info.avx512_bf16);
+#if SELFATTN_DISPATCH_X86
+  EXPECT_FALSE(info.vendor.empty());
+#endif
+  const std::string text = to_string(info);
+  EXPECT_NE(text.find(std::string("level: ") + to_string(info.selected)), std::string::npos) << text;
+  EXPECT_FALSE(info.kernels.empty());
+}
+
+TEST(CpuInfo, OverrideNamesTheValueAndTheLimit) {
+  CpuInfo avx2_cpu;
+  avx2_cpu.model = "Test CPU";
+  avx2_cpu.best = Isa::avx2;
+  EXPECT_EQ(detail::parse_isa_override("generic", avx2_cpu), Isa::generic);
+  EXPECT_EQ(detail::parse_isa_override("avx2", avx2_cpu), Isa::avx2);
+  try {
+    detail::parse_isa_override("avx512", avx2_cpu);
+    FAIL() << "a level above the CPU's was accepted";
+  } catch (const std::invalid_argument& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("SELFATTN_ISA=avx512"), std::string::npos) << message;
+    EXPECT_NE(message.find("up to avx2"), std::string::npos) << message;
+    EXPECT_NE(message.find("Test CPU"), std::string::npos) << message;
+  }
+  try {
+    detail::parse_isa_override("sse9", avx2_cpu);
+    FAIL() << "an unknown level was accepted";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("expected one of generic, avx2, avx512, avx512_bf16"), std::string::npos);
+  }
+}
+
+TEST(Dispatch, CallsRunTheSelectedLevel) {
+  // The forward's blocks are as wide as the selected level's vectors: 4 packets of 16, 8 or Eigen's own width.
+  const Isa level = cpu_info().selected;
+  const Index expected = level >= Isa::avx512 ? 64 : level == Isa::avx2 ? 32 : detail::FusedTiles<float>::lanes;
+  EXPECT_EQ(detail::fused_lanes<float>(), expected) << to_string(level);
+  EXPECT_EQ(detail::fused_lanes<double>(), detail::FusedTiles<double>::lanes);  // double is never dispatched
+}
+
+/// One random problem: inputs, options, and the float64 reference of its forward and backward.
+struct Problem {
+  Tensor<float, 4> q, k, v, dout;
+  AttentionOptions<float> opts;
+  Tensor<double, 4> out64, dq64, dk64, dv64;
+};
+
+Problem make_problem(std::uint64_t seed) {
+  test::Random random(seed);
+  const Index batch = random.integer(1, 2), kv_heads = random.integer(1, 2), heads = kv_heads * random.integer(1, 2);
+  const Index q_len = random.integer(1, 150), k_len = random.integer(1, 150), dim = random.integer(1, 80);
+  Problem p;
+  p.q = random.normal_tensor<float, 4>({batch, heads, q_len, dim});
+  p.k = random.normal_tensor<float, 4>({batch, kv_heads, k_len, dim});
+  p.v = random.normal_tensor<float, 4>({batch, kv_heads, k_len, dim});
+  p.dout = random.normal_tensor<float, 4>({batch, heads, q_len, dim});
+  const int mask = static_cast<int>(seed % 3);
+  if (mask == 1) p.opts.causal = Causal::bottom_right;
+  if (mask == 2) {
+    p.opts.window_left = random.integer(0, 20);
+    p.opts.window_right = random.integer(0, 20);
+  }
+  AttentionOptions<double> opts64;
+  opts64.causal = p.opts.causal;
+  opts64.window_left = p.opts.window_left;
+  opts64.window_right = p.opts.window_right;
+  opts64.kernel = Kernel::reference;
+  const auto widen = [](const Tensor<float, 4>& x) {
+    Tensor<double, 4> y(x.shape());
+    for (Index n = 0; n < x.size(); ++n) y.data()[n] = x.data()[n];
+    return y;
+  };
+  const Tensor<double, 4> q = widen(p.q), k = widen(p.k), v = widen(p.v), dout = widen(p.dout);
+  auto forward = sdpa_forward(q, k, v, opts64);
+  p.out64 = forward.out;
+  auto grads = sdpa_backward(q, k, v, forward.out, forward.lse, dout, opts64);
+  p.dq64 = grads.dq;
+  p.dk64 = grads.dk;
+  p.dv64 = grads.dv;
+  return p;
+}
+
+/// max |x - expected| / max(1, max |expected|).
+double relative_error(const Tensor<float, 4>& x, const Tensor<double, 4>& expected) {
+  double error = 0, scale = 1;
+  for (Index n = 0; n < x.size(); ++n) {
+    error = std::max(error, std::abs(static_cast<double>(x.data()[n]) - expected.data()[n]));
+    scale = std::max(scale, std::abs(expected.data()[n]));
+  }
+  return error / scale;
+}
+
+struct LevelResult {
+  Tensor<float, 4> out, dq, dk, dv;
+};
+
+/// The fused forward and backward of `p` with the kernels of one level (Level: detail, detail::isa_avx2, ...).
+template <typename Forward, typename Backward>
+LevelResult run_level(const Problem& p, Forward forward, Backward backward) {
+  const AttentionParams<float> params = detail::make_params<float>(p.q.view(), p.k.view(), p.v.view(), p.opts);
+  LevelResult r{Tensor<float, 4>(p.q.shape()), Tensor<float, 4>(p.q.shape()), Tensor<float, 4>(p.k.shape()),
+                Tensor<float, 4>(p.v.shape())};
+  Tensor<float, 3> lse({p.q.dim(0), p.q.dim(1), p.q.dim(2)});
+  detail::FusedForwardScratch<float> forward_scratch;
+  forward(params, ForwardOutputs<float>{r.out.view(), lse.view(), TensorView<float, 4>()}, forward_scratch);
+  detail::FusedBackwardScratch<float> backward_scratch;
+  backward(params,
+           BackwardTensors<float>{r.out.view(), lse.view(), p.dout.view(), r.dq.view(), r.dk.view(), r.dv.view(),
+                                  TensorView<float, 4>()},
+           backward_scratch);
+  return r;
+}
+
+bool bitwise_equal(const Tensor<float, 4>& a, const Tensor<float, 4>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), sizeof(float) * static_cast<std::size_t>(a.size())) == 0;
+}
+
+/// Every level this CPU has, against the float64 reference (FlashAttention's float tolerance, 2e-5 here) and, run
+/// twice, against itself bitwise.
+void check_level(const char* name, const Problem& p, const LevelResult& first, const LevelResult& again) {
+  EXPECT_LT(relative_error(first.out, p.out64), 2e-5) << name;
+  EXPECT_LT(relative_error(first.dq, p.dq64), 5e-5) << name;
+  EXPECT_LT(relative_error(first.dk, p.dk64), 5e-5) << name;
+  EXPECT_LT(relative_error(first.dv, p.dv64), 5e-5) << name;
+  EXPECT_TRUE(bitwise_equal(first.out, again.out) && bitwise_equal(first.dq, again.dq) &&
+              bitwise_equal(first.dk, again.dk) && bitwise_equal(first.dv, again.dv))
+      << name << ": two runs differ";
+}
+
+TEST(Dispatch, EveryLevelOfThisCpuMatchesTheReference) {
+  for (std::uint64_t seed = 1; seed <= 24; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const Problem p = make_problem(seed);
+    const auto generic = [&] {
+      return run_level(
+          p, [](auto&&... a) { detail::fused_forward_blocks(a..., detail::ElementProducts<float>{}); },
+          [](auto&&... a) { detail::fused_backward_blocks(a...); });
+    };
+    check_level("generic", p, generic(), generic());
+#if SELFATTN_DISPATCH_X86
+    if (cpu_info().best >= Isa::avx2) {
+      const auto avx2 = [&] {
+        return run_level(
+            p, [](auto&&... a) { detail::isa_avx2::fused_forward_blocks(a..., detail::isa_avx2::ElementProducts<float>{}); },
+            [](auto&&... a) { detail::isa_avx2::fused_backward_blocks(a...); });
+      };
+      check_level("avx2", p, avx2(), avx2());
+    }
+    if (cpu_info().best >= Isa::avx512) {
+      const auto avx512 = [&] {
+        return run_level(
+            p,
+            [](auto&&... a) {
+              detail::isa_avx512::fused_forward_blocks(a..., detail::isa_avx512::ElementProducts<float>{});
+            },
+            [](auto&&... a) { detail::isa_avx512::fused_backward_blocks(a...); });
+      };
+      const LevelResult result = avx512();
+      check_level("avx512", p, result, avx512());
+#if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__FMA__)
+      // Built for AVX-512, the generic level is Eigen's AVX-512 packets: the same instructions in the same order.
+      const LevelResult eigen = generic();
+      EXPECT_TRUE(bitwise_equal(result.out, eigen.out) && bitwise_equal(result.dq, eigen.dq) &&
+                  bitwise_equal(result.dk, eigen.dk) && bitwise_equal(result.dv, eigen.dv))
+          << "avx512 and the -march=native generic level differ";
+#endif
+    }
+#endif
+  }
+}
+
+}  // namespace
+}  // namespace selfattn
