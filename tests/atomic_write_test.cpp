@@ -15,6 +15,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -26,6 +28,7 @@
 #include <stdexcept>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <vector>
 
 using namespace selfattn;
@@ -93,11 +96,15 @@ std::string read_file(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-// Entries of `directory` whose name has the temporary files' ".tmp-" in it.
-std::vector<std::string> temporaries_in(const std::string& directory) {
+// Entries of `directory` named like a temporary file of a write to `directory/stem` ("<stem>.tmp-..."); any
+// stem when `stem` is empty.
+std::vector<std::string> temporaries_in(const std::string& directory, const std::string& stem = "") {
   std::vector<std::string> found;
-  for (const auto& entry : fs::directory_iterator(directory))
-    if (entry.path().filename().string().find(".tmp-") != std::string::npos) found.push_back(entry.path().string());
+  for (const auto& entry : fs::directory_iterator(directory)) {
+    const std::string name = entry.path().filename().string();
+    const std::size_t at = name.find(".tmp-");
+    if (at != std::string::npos && (stem.empty() || name.compare(0, at, stem) == 0)) found.push_back(name);
+  }
   return found;
 }
 
@@ -198,7 +205,7 @@ TEST_P(AtomicWrite, FullDeviceIsAnErrorNamingIt) {
   expect_error<std::runtime_error>([&] { GetParam().write("/dev/full", 2); },
                                    {"/dev/full", "No space left on device"});
   EXPECT_TRUE(fs::is_character_file("/dev/full"));
-  EXPECT_EQ(temporaries_in("/dev"), std::vector<std::string>{});
+  EXPECT_EQ(temporaries_in("/dev", "full"), std::vector<std::string>{});
 }
 
 TEST_P(AtomicWrite, MissingDirectoryNamesThePath) {
@@ -224,6 +231,31 @@ TEST_P(AtomicWrite, ReplacementKeepsThePermissions) {
   fs::permissions(target_, mode);
   GetParam().write(target_, 2);
   EXPECT_EQ(fs::status(target_).permissions(), mode);
+}
+
+// Threads rewriting one file each pick their own temporary (the name has the thread and the clock in it, and it is
+// created exclusively): the file ends up as one whole version, whichever rename came last.
+TEST_P(AtomicWrite, ConcurrentWritersLeaveOneWholeFile) {
+  constexpr int threads = 4, writes_each = 5;
+  std::vector<std::string> versions;
+  for (int v = 0; v < threads; ++v) versions.push_back(GetParam().encode(v));
+  std::vector<std::thread> pool;
+  std::atomic<int> failures{0};
+  for (int v = 0; v < threads; ++v)
+    pool.emplace_back([&, v] {
+      for (int n = 0; n < writes_each; ++n) {
+        try {
+          GetParam().write(target_, v);
+        } catch (const std::exception&) {
+          ++failures;
+        }
+      }
+    });
+  for (std::thread& t : pool) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_NE(std::find(versions.begin(), versions.end(), read_file(target_)), versions.end())
+      << "the file is not one whole version";
+  EXPECT_EQ(temporaries_in(dir_), std::vector<std::string>{});
 }
 
 INSTANTIATE_TEST_SUITE_P(Writers, AtomicWrite, ::testing::ValuesIn(writers()),
