@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <stdexcept>
@@ -45,6 +47,12 @@ std::string make_npy(const std::string& dict, const std::string& data, int major
 }
 
 std::string float_bytes(std::size_t count) { return std::string(count * 4, '\0'); }
+
+// A file of the io fuzz corpus (tests/fuzz/corpus/io), whole: its first byte picks the parser (io_fuzz.cpp).
+std::string io_corpus_file(const std::string& name) {
+  std::ifstream in(std::string(SELFATTN_FIXTURE_DIR) + "/../fuzz/corpus/io/" + name, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
 
 void expect_format_error(const std::string& bytes, const std::vector<std::string>& fragments) {
   expect_error<FormatError>([&] { parse_npy_array<float>(bytes.data(), bytes.size()); }, fragments);
@@ -260,6 +268,26 @@ TEST(NpyMalformed, HeaderDict) {
   // Python accepts double quotes, a trailing comma, any key order: so do we.
   const std::string ok = make_npy("{\"shape\": (1, 2,), \"fortran_order\": True, \"descr\": \"<f4\"}", data);
   EXPECT_EQ(parse_npy_array<float>(ok.data(), ok.size()).shape, (std::vector<Index>{1, 2}));
+}
+
+// 2^61 + 1 elements of '<f8' are 2^64 + 8 bytes, which wraps to 8 in std::size_t. A size check that multiplies
+// (count * item_size > available) would see the 8 data bytes present, pass, and leave resize() to throw
+// std::length_error (or std::bad_alloc) instead of a FormatError; the reader divides instead.
+TEST(NpyMalformed, ElementCountWhoseByteSizeWrapsIsTruncatedData) {
+  static_assert(std::uint64_t{2305843009213693953u} * 8u == 8u, "the byte size wraps to the data present");
+  const std::string bytes = make_npy("{'descr': '<f8', 'fortran_order': False, 'shape': (2305843009213693953,), }",
+                                     std::string("\0\0\0\0\0\0\xf0\x3f", 8));
+  const std::vector<std::string> fragments{"truncated data", "shape (2305843009213693953,) of <f8",
+                                           "needs 2305843009213693953 x 8 bytes, but only 8 follow the header"};
+  expect_error<FormatError>([&] { parse_npy_header(bytes.data(), bytes.size()); }, fragments);
+  expect_error<FormatError>([&] { parse_npy_array<double>(bytes.data(), bytes.size()); }, fragments);
+  expect_error<FormatError>([&] { parse_npy_array<float>(bytes.data(), bytes.size()); }, fragments);
+  expect_error<FormatError>([&] { parse_npy_array<Eigen::half>(bytes.data(), bytes.size()); }, fragments);
+  expect_error<FormatError>([&] { parse_npy_array<Eigen::bfloat16>(bytes.data(), bytes.size()); }, fragments);
+  // The io fuzz corpus holds this file for each npy choice (first byte 1: double; 0: float, half, bfloat16), so the
+  // replay, whose oracle takes any exception but std::invalid_argument for a finding, runs it too.
+  EXPECT_TRUE(io_corpus_file("npy-d-f8_count_wraps") == '\x01' + bytes) << "tests/fuzz/corpus/io/npy-d-f8_count_wraps";
+  EXPECT_TRUE(io_corpus_file("npy-f-f8_count_wraps") == '\x00' + bytes) << "tests/fuzz/corpus/io/npy-f-f8_count_wraps";
 }
 
 TEST(NpyMalformed, CorruptedBytesNeverCrash) {

@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
@@ -224,6 +226,22 @@ TEST(SafetensorsMalformed, HeaderContents) {
   std::string deep = R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"deep":)" + std::string(100000, '[') +
                      std::string(100000, ']') + "}}";
   check(deep, four, {"unexpected field 'deep'"});
+}
+
+// A file cut short inside its last tensor: the header is valid and promises 16 bytes of data, 12 are present.
+// tests/fuzz/corpus/io/st-short_data is this file (after the byte that picks the parser), so the fuzz replay
+// runs it too.
+TEST(SafetensorsMalformed, ShortDataSectionIsAFormatError) {
+  const std::string header = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                             R"("b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})";
+  const std::string data = le16({0, 0x3f80, 0, 0x4000, 0, 0x4040, 0, 0x4080});  // 1, 2, 3, 4 as F32
+  const std::string whole = make_file(header, data);
+  ASSERT_EQ(parse_safetensors(whole.data(), whole.size()).array<float>("b").values, (std::vector<float>{3, 4}));
+  const std::string cut = make_file(header, data.substr(0, 12));
+  expect_format_error(cut, {"tensor 'b'", "data_offsets [8, 16] run past the data section of 12 bytes"});
+  std::ifstream corpus(std::string(SELFATTN_FIXTURE_DIR) + "/../fuzz/corpus/io/st-short_data", std::ios::binary);
+  const std::string corpus_bytes((std::istreambuf_iterator<char>(corpus)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(corpus_bytes == '\x02' + cut) << "tests/fuzz/corpus/io/st-short_data";
 }
 
 TEST(SafetensorsMalformed, CorruptedBytesNeverCrash) {

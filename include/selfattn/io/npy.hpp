@@ -31,6 +31,7 @@
 
 #include <selfattn/errors.hpp>
 #include <selfattn/half_precision.hpp>
+#include <selfattn/io/atomic_file.hpp>
 #include <selfattn/tensor.hpp>
 
 #include <algorithm>
@@ -232,14 +233,6 @@ inline std::string read_binary_file(const char* function, const std::string& pat
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (in.bad()) throw std::runtime_error(std::string("[") + function + "] error while reading '" + path + "'");
   return bytes;
-}
-
-inline void write_binary_file(const char* function, const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw std::runtime_error(std::string("[") + function + "] cannot open '" + path + "' for writing");
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  out.close();
-  if (!out) throw std::runtime_error(std::string("[") + function + "] error while writing '" + path + "'");
 }
 
 /// Strict parser of the .npy header dict (see the file comment for the grammar).
@@ -618,13 +611,14 @@ std::string encode_npy(const X& tensor) {
 
 /// \brief Writes a tensor or view (float, double, Eigen::half; Eigen::bfloat16 as float32) to a `.npy` file
 /// that `np.load` reads (see encode_npy).
-/// I/O failures throw std::runtime_error.
+/// The file is replaced atomically (io/atomic_file.hpp): a failed write throws std::runtime_error and leaves the
+/// old file as it was, byte for byte.
 /// \code
 /// write_npy("output.npy", fwd.output);
 /// \endcode
 template <typename X, typename = std::enable_if_t<detail::tensor_traits<std::decay_t<X>>::is_tensor>>
 void write_npy(const std::string& path, const X& tensor) {
-  detail::write_binary_file("write_npy", path, encode_npy(tensor));
+  detail::write_file_atomically("write_npy", path, encode_npy(tensor));
 }
 
 }  // namespace selfattn

@@ -32,6 +32,7 @@
 #pragma once
 
 #include <selfattn/errors.hpp>
+#include <selfattn/io/atomic_file.hpp>
 #include <selfattn/io/npy.hpp>
 #include <selfattn/tensor.hpp>
 
@@ -360,8 +361,11 @@ class SafetensorsWriter {
     for (const auto& entry : entries_) out += entry.second.data;
     return out;
   }
-  /// Writes the file; std::runtime_error on I/O failure.
-  void write(const std::string& path) const { detail::write_binary_file("SafetensorsWriter::write", path, encode()); }
+  /// Writes the file, atomically: a failed write throws std::runtime_error and leaves the old file as it was
+  /// (io/atomic_file.hpp).
+  void write(const std::string& path) const {
+    detail::write_file_atomically("SafetensorsWriter::write", path, encode());
+  }
 
  private:
   struct Entry {

@@ -7,7 +7,8 @@
 /// cell), a title, a colour scale with tick values, optionally the number in each cell. Masked cells are
 /// hatched grey and NaN cells pale red with "NaN", each with its swatch in the legend. All text is
 /// XML-escaped, so labels such as "<eos>" or "a&b" give valid XML. Functions return the text as a
-/// `std::string`; the `write_*` twins write it to a file and throw `std::runtime_error` when they cannot.
+/// `std::string`; the `write_*` twins write it to a file, atomically (io/atomic_file.hpp: a failed write leaves
+/// the old file as it was), and throw `std::runtime_error` when they cannot.
 /// Numbers are formatted with `std::to_chars`, so the output does not depend on the C locale.
 /// Guide with pictures: docs/pictures.md.
 ///
@@ -19,6 +20,7 @@
 #pragma once
 
 #include <selfattn/errors.hpp>
+#include <selfattn/io/atomic_file.hpp>
 #include <selfattn/plot/colour_map.hpp>
 #include <selfattn/plot/csv.hpp>
 #include <selfattn/plot/heatmap_options.hpp>
@@ -27,12 +29,8 @@
 #include <selfattn/tensor.hpp>
 
 #include <array>
-#include <cerrno>
-#include <fstream>
-#include <ios>
 #include <stdexcept>
 #include <string>
-#include <system_error>
 #include <type_traits>
 #include <vector>
 
@@ -58,20 +56,6 @@ inline void check_batch_head(const char* function, const std::array<Index, 4>& s
 template <typename T>
 TensorView<const T, 4> as_single_head(const TensorView<const T, 2>& m) {
   return TensorView<const T, 4>(m.data(), {1, 1, m.dim(0), m.dim(1)}, {0, 0, m.stride(0), 1});
-}
-
-/// Writes `text` to `path` (replacing the file); std::runtime_error naming the path if that fails.
-inline void write_text_file(const char* function, const std::string& path, const std::string& text) {
-  errno = 0;
-  std::ofstream file(path, std::ios::binary | std::ios::trunc);
-  const auto fail = [&](const char* what) {
-    const std::string reason = errno != 0 ? ": " + std::generic_category().message(errno) : std::string();
-    throw std::runtime_error(std::string("[") + function + "] path: cannot " + what + " '" + path + "'" + reason);
-  };
-  if (!file) fail("open for writing");
-  file.write(text.data(), static_cast<std::streamsize>(text.size()));
-  file.close();
-  if (!file) fail("write");
 }
 
 }  // namespace detail
@@ -216,7 +200,7 @@ template <typename W, typename = std::enable_if_t<detail::is_weights_matrix<W>>>
 void write_attention_heatmap_svg(const std::string& path, const W& weights,
                                  const std::vector<std::string>& query_labels,
                                  const std::vector<std::string>& key_labels, const HeatmapOptions& options = {}) {
-  detail::write_text_file("write_attention_heatmap_svg", path,
+  detail::write_file_atomically("write_attention_heatmap_svg", path,
                           attention_heatmap_svg(weights, query_labels, key_labels, options));
 }
 
@@ -230,7 +214,7 @@ template <typename W, typename = std::enable_if_t<detail::is_weights_tensor<W>>>
 void write_attention_heatmap_svg(const std::string& path, const W& weights, Index batch, Index head,
                                  const std::vector<std::string>& query_labels,
                                  const std::vector<std::string>& key_labels, const HeatmapOptions& options = {}) {
-  detail::write_text_file("write_attention_heatmap_svg", path,
+  detail::write_file_atomically("write_attention_heatmap_svg", path,
                           attention_heatmap_svg(weights, batch, head, query_labels, key_labels, options));
 }
 
@@ -244,7 +228,7 @@ template <typename W, typename = std::enable_if_t<detail::is_weights_tensor<W>>>
 void write_attention_heads_svg(const std::string& path, const W& weights, Index batch,
                                const std::vector<std::string>& query_labels, const std::vector<std::string>& key_labels,
                                const HeatmapOptions& options = {}) {
-  detail::write_text_file("write_attention_heads_svg", path,
+  detail::write_file_atomically("write_attention_heads_svg", path,
                           attention_heads_svg(weights, batch, query_labels, key_labels, options));
 }
 
@@ -254,7 +238,7 @@ void write_attention_heads_svg(const std::string& path, const W& weights, Index 
 /// \endcode
 inline void write_heatmap_panels_svg(const std::string& path, const std::vector<HeatmapPanel>& panels,
                                      const HeatmapOptions& options = {}) {
-  detail::write_text_file("write_heatmap_panels_svg", path, heatmap_panels_svg(panels, options));
+  detail::write_file_atomically("write_heatmap_panels_svg", path, heatmap_panels_svg(panels, options));
 }
 
 /// \brief Writes attention_csv(weights, query_labels, key_labels) to `path`.
@@ -266,7 +250,7 @@ inline void write_heatmap_panels_svg(const std::string& path, const std::vector<
 template <typename W, typename = std::enable_if_t<detail::is_weights_matrix<W>>>
 void write_attention_csv(const std::string& path, const W& weights, const std::vector<std::string>& query_labels = {},
                          const std::vector<std::string>& key_labels = {}) {
-  detail::write_text_file("write_attention_csv", path, attention_csv(weights, query_labels, key_labels));
+  detail::write_file_atomically("write_attention_csv", path, attention_csv(weights, query_labels, key_labels));
 }
 
 /// \brief Writes attention_csv(weights, batch, head, query_labels, key_labels) to `path`.
@@ -279,7 +263,8 @@ template <typename W, typename = std::enable_if_t<detail::is_weights_tensor<W>>>
 void write_attention_csv(const std::string& path, const W& weights, Index batch, Index head,
                          const std::vector<std::string>& query_labels = {},
                          const std::vector<std::string>& key_labels = {}) {
-  detail::write_text_file("write_attention_csv", path, attention_csv(weights, batch, head, query_labels, key_labels));
+  detail::write_file_atomically("write_attention_csv", path,
+                                attention_csv(weights, batch, head, query_labels, key_labels));
 }
 
 }  // namespace selfattn

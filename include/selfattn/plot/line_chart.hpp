@@ -454,8 +454,8 @@ inline std::string line_charts_svg(const std::vector<LineChart>& charts, const L
 /// \brief line_charts_svg written to `path` (replaced); std::runtime_error naming the path if that fails.
 inline void write_line_charts_svg(const std::string& path, const std::vector<LineChart>& charts,
                                   const LineChartOptions& options = {}) {
-  detail::write_text_file("write_line_charts_svg", path,
-                          detail::render_line_charts_svg("write_line_charts_svg", charts, options));
+  detail::write_file_atomically("write_line_charts_svg", path,
+                                detail::render_line_charts_svg("write_line_charts_svg", charts, options));
 }
 
 }  // namespace selfattn
