@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace selfattn {
@@ -301,7 +302,7 @@ TYPED_TEST(MultiHeadTest, DropoutOnlyInTrainingMode) {
   MultiHeadAttention<T> mha(cfg, 1);
   const auto x = random.normal_tensor<T, 3>({1, 6, 8});
   AttentionOptions<T> opts;
-  opts.dropout_p = T(0.9);  // not used by the module
+  opts.dropout_p = T(0.5);  // cfg.dropout's value: accepted, and applied in training mode only
   const auto eval = mha.forward(x, opts).output;
   EXPECT_TRUE(all_close(eval, mha.forward(x).output, 0.0));
   mha.set_training(true);
@@ -391,6 +392,82 @@ TYPED_TEST(MultiHeadTest, BadInputsThrowBeforeAnyWork) {
   expect_error<ShapeError>([&] { mha.forward(query, key, value, masked); }, {"opts.allowed", "(2, 2, 4, 5)"});
   mha.params().k_weight = Tensor<T, 2>({8, 8});  // no longer (8, kdim)
   expect_error<ShapeError>([&] { mha.forward(query, key, value); }, {"params().k_weight", "(8, 6)", "(8, 8)"});
+}
+
+// The module's dropout rate is cfg.dropout (training mode only): opts.dropout_p is accepted at 0 or at exactly that
+// rate; any other value, which the module would silently ignore, throws naming it before anything is written.
+TYPED_TEST(MultiHeadTest, ForwardRefusesADropoutRateItWouldIgnore) {
+  using T = TypeParam;
+  Random random(13);
+  MultiHeadAttentionConfig cfg = config(8, 2);
+  cfg.dropout = 0.25;
+  MultiHeadAttention<T> mha(cfg, 1);
+  const auto x = random.normal_tensor<T, 3>({2, 5, 8});
+  for (bool training : {false, true}) {
+    SCOPED_TRACE(training ? "training" : "eval");
+    mha.set_training(training);
+    AttentionOptions<T> opts;
+    opts.seed = 4;
+    const Tensor<T, 3> expected = mha.forward(x, opts).output;
+    opts.dropout_p = T(0.25);  // the module's own rate: the same call
+    EXPECT_TRUE(all_close(mha.forward(x, opts).output, expected, 0.0));
+    opts.dropout_p = T(0.5);
+    const std::vector<std::string> message{"opts.dropout_p", "cfg.dropout = 0.250000",
+                                           training ? "this call: 0.250000" : "this call: 0.000000", "got 0.500000"};
+    const auto named = [&](const char* function) {
+      std::vector<std::string> fragments = message;
+      fragments.push_back(function);
+      return fragments;
+    };
+    expect_error<std::invalid_argument>([&] { mha.forward(x, opts); }, named("[MultiHeadAttention::forward]"));
+    expect_error<std::invalid_argument>([&] { mha.forward(x, x, x, opts); }, named("[MultiHeadAttention::forward]"));
+    expect_error<std::invalid_argument>([&] { mha.forward_with(mha.params(), x, opts); },
+                                        named("[MultiHeadAttention::forward]"));
+    MhaWorkspace<T> ws;
+    Tensor<T, 3> y(x.shape());
+    y.fill(T(7));
+    expect_error<std::invalid_argument>([&] { mha.forward_into(x, x, x, y, ws, opts); },
+                                        named("[MultiHeadAttention::forward_into]"));
+    EXPECT_TRUE(std::all_of(y.data(), y.data() + y.size(), [](T value) { return value == T(7); }))
+        << "nothing written on error";
+  }
+}
+
+// step attends with Causal::bottom_right over the cache, without dropout and without weights: options asking for
+// anything else throw naming themselves, before the cache or the output is touched; the values step uses pass.
+TYPED_TEST(MultiHeadTest, StepRefusesOptionsItWouldIgnore) {
+  using T = TypeParam;
+  Random random(14);
+  MultiHeadAttention<T> mha(config(8, 2), 1);
+  const auto prompt = random.normal_tensor<T, 3>({1, 4, 8});
+  const auto token = random.normal_tensor<T, 3>({1, 1, 8});
+  auto cache = mha.make_cache(1), plain = mha.make_cache(1);
+  mha.step(prompt, cache);
+  mha.step(prompt, plain);
+  AttentionOptions<T> weights, top_left, dropout;
+  weights.need_weights = true;
+  top_left.causal = Causal::top_left;
+  dropout.dropout_p = T(0.1);
+  const std::vector<std::pair<AttentionOptions<T>, std::vector<std::string>>> cases{
+      {weights, {"opts.need_weights", "expected false, got true"}},
+      {top_left, {"opts.causal", "Causal::bottom_right", "got Causal::top_left"}},
+      {dropout, {"opts.dropout_p", "expected 0, got 0.100000"}}};
+  Tensor<T, 3> y({1, 1, 8});
+  y.fill(T(7));
+  for (const auto& refused : cases) {  // not a structured binding: C++17 lambdas cannot capture those
+    const AttentionOptions<T>& opts = refused.first;
+    SCOPED_TRACE(refused.second[0]);
+    std::vector<std::string> step_fragments = refused.second, into_fragments = refused.second;
+    step_fragments.push_back("[MultiHeadAttention::step]");
+    into_fragments.push_back("[MultiHeadAttention::step_into]");
+    expect_error<std::invalid_argument>([&] { mha.step(token, cache, opts); }, step_fragments);
+    expect_error<std::invalid_argument>([&] { mha.step_into(token, cache, y, opts); }, into_fragments);
+  }
+  EXPECT_EQ(cache.length(), 4) << "a refused step leaves the cache as it was";
+  EXPECT_TRUE(std::all_of(y.data(), y.data() + y.size(), [](T value) { return value == T(7); }));
+  AttentionOptions<T> bottom_right;
+  bottom_right.causal = Causal::bottom_right;  // what step uses: accepted, the same call as the default
+  EXPECT_TRUE(all_close(mha.step(token, cache, bottom_right), mha.step(token, plain), 0.0));
 }
 
 }  // namespace
