@@ -339,6 +339,25 @@ TYPED_TEST(MultiHeadTest, InitialisationIsSeededXavierUniformWithZeroBiases) {
   EXPECT_EQ(MultiHeadAttention<T>(cfg).params().q_bias.size(), 0);
 }
 
+// The documented default (API.md: `MultiHeadAttention<float> mha(cfg); // ... seed 0`), pinned: a module built
+// without a seed is the seed-0 module bit for bit, so two unseeded modules are identical (the docs warn about it);
+// another seed gives other weights in every matrix.
+TYPED_TEST(MultiHeadTest, DefaultSeedIsZeroSoUnseededModulesAreIdentical) {
+  using T = TypeParam;
+  const MultiHeadAttentionConfig cfg = config(16, 4);
+  const MultiHeadAttention<T> a(cfg), b(cfg), zero(cfg, 0), one(cfg, 1);
+  const auto weights = [](const MultiHeadAttention<T>& m) {
+    const MhaParams<T>& p = m.params();
+    return std::vector<const Tensor<T, 2>*>{&p.q_weight, &p.k_weight, &p.v_weight, &p.out_weight};
+  };
+  for (std::size_t n = 0; n < 4; ++n) {
+    SCOPED_TRACE("weight matrix " + std::to_string(n));
+    EXPECT_EQ(test::max_abs_difference(*weights(a)[n], *weights(b)[n]), 0.0);
+    EXPECT_EQ(test::max_abs_difference(*weights(a)[n], *weights(zero)[n]), 0.0);
+    EXPECT_GT(test::max_abs_difference(*weights(a)[n], *weights(one)[n]), 0.0);
+  }
+}
+
 TYPED_TEST(MultiHeadTest, StridedInputViewsEqualContiguousCopies) {
   using T = TypeParam;
   Random random(12);

@@ -559,12 +559,28 @@ TEST(TransformerStackTest, OptionsTheStackWouldIgnoreThrow) {
   for (const KVCache<float>& c : cache.layers) EXPECT_EQ(c.length(), 2);
 }
 
+// Every module a stack builds gets its own seed: no two layers of one stack share any weight matrix (attention or
+// FFN). The same seed rebuilds the stack bit for bit, the default seed is 0, and another seed gives other weights.
 TEST(TransformerStackTest, LayersAreDifferentAndSeedsReproduce) {
-  TransformerStack<float> a(small_stack_config(2), 7), b(small_stack_config(2), 7), c(small_stack_config(2), 8);
-  const auto& pa = a.params().layers;
-  EXPECT_GT(test::max_abs_difference(pa[0].linear1_weight, pa[1].linear1_weight), 0.0);
-  EXPECT_EQ(test::max_abs_difference(pa[1].self_attn.q_weight, b.params().layers[1].self_attn.q_weight), 0.0);
-  EXPECT_GT(test::max_abs_difference(pa[0].self_attn.q_weight, c.params().layers[0].self_attn.q_weight), 0.0);
+  const TransformerStackConfig cfg = small_stack_config(3);
+  TransformerStack<float> a(cfg, 7), b(cfg, 7), c(cfg, 8), unseeded(cfg), zero(cfg, 0);
+  test::for_each_stack_param(a.params(), b.params(), [](const std::string& name, const auto& p, const auto& q) {
+    EXPECT_EQ(test::max_abs_difference(p, q), 0.0) << name << ": the same seed, the same stack";
+  });
+  test::for_each_stack_param(unseeded.params(), zero.params(), [](const std::string& name, const auto& p,
+                                                                   const auto& q) {
+    EXPECT_EQ(test::max_abs_difference(p, q), 0.0) << name << ": the default seed is 0";
+  });
+  const std::vector<TransformerLayerParams<float>>& layers = a.params().layers;
+  for (std::size_t i = 0; i < layers.size(); ++i)
+    for (std::size_t j = i + 1; j < layers.size(); ++j)
+      test::for_each_layer_param(layers[i], layers[j], [&](const std::string& name, const auto& p, const auto& q) {
+        if (p.shape().size() == 2) {  // the weight matrices; norms start at 1 and biases at 0 in every layer
+          EXPECT_GT(test::max_abs_difference(p, q), 0.0) << name << " of layers " << i << " and " << j;
+        }
+      });
+  EXPECT_GT(test::max_abs_difference(layers[0].self_attn.q_weight, c.params().layers[0].self_attn.q_weight), 0.0);
+  EXPECT_GT(test::max_abs_difference(layers[0].linear1_weight, c.params().layers[0].linear1_weight), 0.0);
 }
 
 // ---- State dicts ----------------------------------------------------------------------------------------

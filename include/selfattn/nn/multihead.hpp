@@ -225,6 +225,8 @@ class MultiHeadAttention {
 
  public:
   /// Xavier-uniform projection weights as PyTorch initialises them, zero biases; `seed` picks the draw.
+  /// The default seed is 0: every module built without a seed has the SAME weights (PyTorch draws a fresh
+  /// initialisation per module; there is no global generator here). Give each module you build its own seed.
   explicit MultiHeadAttention(const MultiHeadAttentionConfig& config, std::uint64_t seed = 0)
       : config_(normalized(config)), head_dim_(config_.embed_dim / config_.num_heads) {
     if (config_.rope_dim > 0)

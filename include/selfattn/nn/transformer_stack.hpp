@@ -115,7 +115,8 @@ struct TransformerStackCache {
 template <typename T>
 class TransformerStack {
  public:
-  /// Layer i initialised as TransformerLayer(cfg.layer, seed + i) is; the final norm to weight 1, bias 0.
+  /// Layer i initialised as TransformerLayer(cfg.layer, seed + i) is; the final norm to weight 1, bias 0. So stacks
+  /// built from seeds s and s + 1 share layers: give several stacks seeds at least num_layers apart.
   explicit TransformerStack(const TransformerStackConfig& config, std::uint64_t seed = 0)
       : config_(config), layer_(config.layer, seed) {
     if (config_.num_layers < 1)
