@@ -413,6 +413,27 @@ TYPED_TEST(MultiHeadTest, BadInputsThrowBeforeAnyWork) {
   expect_error<ShapeError>([&] { mha.forward(query, key, value); }, {"params().k_weight", "(8, 6)", "(8, 8)"});
 }
 
+// A PyTorch user's masks as they are: a 2-D (Lq, Lk) boolean mask and a 3-D (H, Lq, Lk) bias give the module's
+// output and weights of their rank-4 views (1, 1, Lq, Lk) and (1, H, Lq, Lk) over the same memory, bit for bit.
+TYPED_TEST(MultiHeadTest, MasksOfRankTwoAndThreeEqualTheirRankFourViews) {
+  using T = TypeParam;
+  Random random(15);
+  MultiHeadAttention<T> mha(config(8, 2), 1);
+  const auto x = random.normal_tensor<T, 3>({2, 5, 8});
+  const Tensor<bool, 2> allowed = random.bool_tensor<2>({5, 5}, 0.7);
+  const Tensor<T, 3> bias = random.normal_tensor<T, 3>({2, 5, 5});
+  AttentionOptions<T> low, full;
+  low.allowed = allowed;
+  low.bias = bias;
+  full.allowed = TensorView<const bool, 4>(allowed.data(), {1, 1, 5, 5});
+  full.bias = TensorView<const T, 4>(bias.data(), {1, 2, 5, 5});
+  low.need_weights = full.need_weights = true;
+  const MhaForward<T> from_low = mha.forward(x, low), from_full = mha.forward(x, full);
+  EXPECT_TRUE(all_close(from_low.output, from_full.output, 0.0));
+  EXPECT_TRUE(all_close(from_low.weights, from_full.weights, 0.0));
+  EXPECT_EQ(from_low.weights(1, 1, 2, 3) == T(0), !allowed(2, 3)) << "the mask reaches every batch entry and head";
+}
+
 // The module's dropout rate is cfg.dropout (training mode only): opts.dropout_p is accepted at 0 or at exactly that
 // rate; any other value, which the module would silently ignore, throws naming it before anything is written.
 TYPED_TEST(MultiHeadTest, ForwardRefusesADropoutRateItWouldIgnore) {
