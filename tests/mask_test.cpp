@@ -250,6 +250,41 @@ TYPED_TEST(MaskRankTest, RankTwoAndThreeEqualTheirRankFourExpansionOnEveryKernel
   }
 }
 
+// nn.MultiheadAttention's key_padding_mask (B, Lk), true = padding, becomes allowed (B, 1, 1, Lk), true = may
+// attend: negated, element by element. Padding that is a suffix gives the attention of the same key_lengths; left
+// padding and holes, that of an `allowed` written out by hand.
+TYPED_TEST(MaskRankTest, KeyPaddingMaskBecomesTheAllowedMaskItMeans) {
+  using T = TypeParam;
+  test::Random random(71);
+  const Index B = 2, H = 2, Lq = 3, Lk = 6, D = 4;
+  Tensor<bool, 2> suffix({B, Lk});  // sequence 0: 6 real keys; sequence 1: 4 real keys, then 2 of padding
+  suffix(1, 4) = suffix(1, 5) = true;
+  const Tensor<bool, 4> keep = allowed_from_key_padding(suffix);
+  ASSERT_EQ(keep.shape(), (std::array<Index, 4>{B, 1, 1, Lk}));
+  for (Index b = 0; b < B; ++b)
+    for (Index j = 0; j < Lk; ++j) EXPECT_EQ(keep(b, 0, 0, j), !suffix(b, j)) << "b " << b << ", j " << j;
+
+  const auto q = random.normal_tensor<T, 4>({B, H, Lq, D});
+  const auto k = random.normal_tensor<T, 4>({B, H, Lk, D});
+  const auto v = random.normal_tensor<T, 4>({B, H, Lk, D});
+  AttentionOptions<T> padded, lengths;
+  padded.allowed = keep;
+  lengths.key_lengths = {6, 4};
+  EXPECT_TRUE(test::all_close(sdpa_forward(q, k, v, padded).out, sdpa_forward(q, k, v, lengths).out,
+                              test::default_tolerance<T>()));
+
+  Tensor<bool, 2> holes({B, Lk});  // left padding in sequence 0, a hole in sequence 1; read through a view
+  holes(0, 0) = holes(0, 1) = holes(1, 3) = true;
+  const Tensor<bool, 4> keep_holes = allowed_from_key_padding(TensorView<const bool, 2>(holes));
+  Tensor<bool, 4> by_hand({B, 1, 1, Lk});
+  by_hand.fill(true);
+  by_hand(0, 0, 0, 0) = by_hand(0, 0, 0, 1) = by_hand(1, 0, 0, 3) = false;
+  AttentionOptions<T> from_padding, from_hand;
+  from_padding.allowed = keep_holes;
+  from_hand.allowed = by_hand;
+  EXPECT_TRUE(test::all_close(sdpa_forward(q, k, v, from_padding).out, sdpa_forward(q, k, v, from_hand).out, 0.0));
+}
+
 // A rank-2 or rank-3 mask that does not broadcast still throws before anything is computed, naming the option and
 // giving the rank-4 shape it was read as. PyTorch's nn.MultiheadAttention orders a 3-D mask (B * H, Lq, Lk); read
 // by scaled_dot_product_attention's rule its first dimension is the heads, so with B > 1 it is refused, not misread.

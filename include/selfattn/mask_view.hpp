@@ -1,7 +1,8 @@
 /// \file
 /// MaskView: the type of `AttentionOptions::allowed` and `AttentionOptions::bias`, a `TensorView<const U, 4>` that
 /// also takes a mask or bias of rank 2 or 3, read as `torch.nn.functional.scaled_dot_product_attention` reads its
-/// `attn_mask`. Polarities and the broadcast rule: docs/masks.md.
+/// `attn_mask`; and allowed_from_key_padding, nn.MultiheadAttention's `key_padding_mask` in `allowed`'s polarity.
+/// Polarities and the broadcast rule: docs/masks.md.
 #pragma once
 
 #include <selfattn/tensor.hpp>
@@ -74,5 +75,34 @@ class MaskView : public TensorView<const U, 4> {
     }
   }
 };
+
+/// \brief nn.MultiheadAttention's `key_padding_mask` (B, Lk), `true` = padding (ignore this key), as the `allowed`
+/// mask it means: (B, 1, 1, Lk), `true` = may attend. The values are negated, so this is a new tensor (not a view):
+/// keep it alive while `opts.allowed` views it.
+///
+/// Padding that is a suffix is said without a tensor by `opts.key_lengths` (the number of `false` entries per row).
+/// To combine key padding with another boolean mask, `and` the two into one tensor (`allowed` is a single mask).
+///
+/// Shapes: key_padding_mask (B, Lk), a Tensor or TensorView of bool -> (B, 1, 1, Lk).
+/// \code
+/// Tensor<bool, 2> pad({2, 6});                                  // pad[1, 0] = true: left padding in sequence 1
+/// const Tensor<bool, 4> keep = allowed_from_key_padding(pad);   // (2, 1, 1, 6), keep(1, 0, 0, 0) == false
+/// opts.allowed = keep;
+/// \endcode
+template <typename M>
+Tensor<bool, 4> allowed_from_key_padding(const M& key_padding_mask) {
+  constexpr bool valid = detail::is_tensor_of_rank<M, 2> && std::is_same_v<detail::scalar_of<M>, bool>;
+  static_assert(valid,
+                "selfattn::allowed_from_key_padding: key_padding_mask is a (B, Lk) Tensor or TensorView of bool");
+  if constexpr (valid) {
+    const TensorView<const bool, 2> padding = detail::const_view(key_padding_mask);
+    Tensor<bool, 4> allowed(std::array<Index, 4>{padding.dim(0), 1, 1, padding.dim(1)});
+    for (Index b = 0; b < padding.dim(0); ++b)
+      for (Index j = 0; j < padding.dim(1); ++j) allowed(b, 0, 0, j) = !padding(b, j);  // true = padding: masked
+    return allowed;
+  } else {
+    return {};
+  }
+}
 
 }  // namespace selfattn
