@@ -9,7 +9,6 @@
 
 #include <array>
 #include <type_traits>
-#include <utility>
 
 namespace selfattn {
 
