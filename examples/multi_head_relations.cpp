@@ -396,6 +396,7 @@ int main(int argc, char** argv) {
       "   H  head dim  train loss  held-out loss  pair acc  first acc  previous acc\n",
       kClasses, 1.0 / static_cast<double>(kClasses), kSymbols, 1.0 / static_cast<double>(kSymbols));
   for (Index heads : kHeadCounts) {
+    // One seed for every H on purpose: the models start from the same weights, so only the head split differs.
     models.emplace_back(heads, seed);
     const double train_loss = train(models.back(), seed * 1000 + 1);
     passes.push_back(forward(models.back(), test, true, false));

@@ -131,7 +131,7 @@ int main() {
   MultiHeadAttentionConfig cfg;
   cfg.embed_dim = kEmbed;
   cfg.num_heads = kHeads;
-  const MultiHeadAttention<double> plain(cfg, 7);
+  const MultiHeadAttention<double> plain(cfg, 7);  // one seed for both on purpose: the same weights, +/- RoPE
   cfg.rope_dim = kEmbed / kHeads;  // rotate the whole head
   const MultiHeadAttention<double> rotary(cfg, 7);
   const Tensor<double, 2> pe = sinusoidal_encoding<double>(kLength, kEmbed);

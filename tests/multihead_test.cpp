@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace selfattn {
@@ -301,7 +302,7 @@ TYPED_TEST(MultiHeadTest, DropoutOnlyInTrainingMode) {
   MultiHeadAttention<T> mha(cfg, 1);
   const auto x = random.normal_tensor<T, 3>({1, 6, 8});
   AttentionOptions<T> opts;
-  opts.dropout_p = T(0.9);  // not used by the module
+  opts.dropout_p = T(0.5);  // cfg.dropout's value: accepted, and applied in training mode only
   const auto eval = mha.forward(x, opts).output;
   EXPECT_TRUE(all_close(eval, mha.forward(x).output, 0.0));
   mha.set_training(true);
@@ -336,6 +337,25 @@ TYPED_TEST(MultiHeadTest, InitialisationIsSeededXavierUniformWithZeroBiases) {
   }
   cfg.bias = false;
   EXPECT_EQ(MultiHeadAttention<T>(cfg).params().q_bias.size(), 0);
+}
+
+// The documented default (API.md: `MultiHeadAttention<float> mha(cfg); // ... seed 0`), pinned: a module built
+// without a seed is the seed-0 module bit for bit, so two unseeded modules are identical (the docs warn about it);
+// another seed gives other weights in every matrix.
+TYPED_TEST(MultiHeadTest, DefaultSeedIsZeroSoUnseededModulesAreIdentical) {
+  using T = TypeParam;
+  const MultiHeadAttentionConfig cfg = config(16, 4);
+  const MultiHeadAttention<T> a(cfg), b(cfg), zero(cfg, 0), one(cfg, 1);
+  const auto weights = [](const MultiHeadAttention<T>& m) {
+    const MhaParams<T>& p = m.params();
+    return std::vector<const Tensor<T, 2>*>{&p.q_weight, &p.k_weight, &p.v_weight, &p.out_weight};
+  };
+  for (std::size_t n = 0; n < 4; ++n) {
+    SCOPED_TRACE("weight matrix " + std::to_string(n));
+    EXPECT_EQ(test::max_abs_difference(*weights(a)[n], *weights(b)[n]), 0.0);
+    EXPECT_EQ(test::max_abs_difference(*weights(a)[n], *weights(zero)[n]), 0.0);
+    EXPECT_GT(test::max_abs_difference(*weights(a)[n], *weights(one)[n]), 0.0);
+  }
 }
 
 TYPED_TEST(MultiHeadTest, StridedInputViewsEqualContiguousCopies) {
@@ -391,6 +411,103 @@ TYPED_TEST(MultiHeadTest, BadInputsThrowBeforeAnyWork) {
   expect_error<ShapeError>([&] { mha.forward(query, key, value, masked); }, {"opts.allowed", "(2, 2, 4, 5)"});
   mha.params().k_weight = Tensor<T, 2>({8, 8});  // no longer (8, kdim)
   expect_error<ShapeError>([&] { mha.forward(query, key, value); }, {"params().k_weight", "(8, 6)", "(8, 8)"});
+}
+
+// A PyTorch user's masks as they are: a 2-D (Lq, Lk) boolean mask and a 3-D (H, Lq, Lk) bias give the module's
+// output and weights of their rank-4 views (1, 1, Lq, Lk) and (1, H, Lq, Lk) over the same memory, bit for bit.
+TYPED_TEST(MultiHeadTest, MasksOfRankTwoAndThreeEqualTheirRankFourViews) {
+  using T = TypeParam;
+  Random random(15);
+  MultiHeadAttention<T> mha(config(8, 2), 1);
+  const auto x = random.normal_tensor<T, 3>({2, 5, 8});
+  const Tensor<bool, 2> allowed = random.bool_tensor<2>({5, 5}, 0.7);
+  const Tensor<T, 3> bias = random.normal_tensor<T, 3>({2, 5, 5});
+  AttentionOptions<T> low, full;
+  low.allowed = allowed;
+  low.bias = bias;
+  full.allowed = TensorView<const bool, 4>(allowed.data(), {1, 1, 5, 5});
+  full.bias = TensorView<const T, 4>(bias.data(), {1, 2, 5, 5});
+  low.need_weights = full.need_weights = true;
+  const MhaForward<T> from_low = mha.forward(x, low), from_full = mha.forward(x, full);
+  EXPECT_TRUE(all_close(from_low.output, from_full.output, 0.0));
+  EXPECT_TRUE(all_close(from_low.weights, from_full.weights, 0.0));
+  EXPECT_EQ(from_low.weights(1, 1, 2, 3) == T(0), !allowed(2, 3)) << "the mask reaches every batch entry and head";
+}
+
+// The module's dropout rate is cfg.dropout (training mode only): opts.dropout_p is accepted at 0 or at exactly that
+// rate; any other value, which the module would silently ignore, throws naming it before anything is written.
+TYPED_TEST(MultiHeadTest, ForwardRefusesADropoutRateItWouldIgnore) {
+  using T = TypeParam;
+  Random random(13);
+  MultiHeadAttentionConfig cfg = config(8, 2);
+  cfg.dropout = 0.25;
+  MultiHeadAttention<T> mha(cfg, 1);
+  const auto x = random.normal_tensor<T, 3>({2, 5, 8});
+  for (bool training : {false, true}) {
+    SCOPED_TRACE(training ? "training" : "eval");
+    mha.set_training(training);
+    AttentionOptions<T> opts;
+    opts.seed = 4;
+    const Tensor<T, 3> expected = mha.forward(x, opts).output;
+    opts.dropout_p = T(0.25);  // the module's own rate: the same call
+    EXPECT_TRUE(all_close(mha.forward(x, opts).output, expected, 0.0));
+    opts.dropout_p = T(0.5);
+    const std::vector<std::string> message{"opts.dropout_p", "cfg.dropout = 0.250000",
+                                           training ? "this call: 0.250000" : "this call: 0.000000", "got 0.500000"};
+    const auto named = [&](const char* function) {
+      std::vector<std::string> fragments = message;
+      fragments.push_back(function);
+      return fragments;
+    };
+    expect_error<std::invalid_argument>([&] { mha.forward(x, opts); }, named("[MultiHeadAttention::forward]"));
+    expect_error<std::invalid_argument>([&] { mha.forward(x, x, x, opts); }, named("[MultiHeadAttention::forward]"));
+    expect_error<std::invalid_argument>([&] { mha.forward_with(mha.params(), x, opts); },
+                                        named("[MultiHeadAttention::forward]"));
+    MhaWorkspace<T> ws;
+    Tensor<T, 3> y(x.shape());
+    y.fill(T(7));
+    expect_error<std::invalid_argument>([&] { mha.forward_into(x, x, x, y, ws, opts); },
+                                        named("[MultiHeadAttention::forward_into]"));
+    EXPECT_TRUE(std::all_of(y.data(), y.data() + y.size(), [](T value) { return value == T(7); }))
+        << "nothing written on error";
+  }
+}
+
+// step attends with Causal::bottom_right over the cache, without dropout and without weights: options asking for
+// anything else throw naming themselves, before the cache or the output is touched; the values step uses pass.
+TYPED_TEST(MultiHeadTest, StepRefusesOptionsItWouldIgnore) {
+  using T = TypeParam;
+  Random random(14);
+  MultiHeadAttention<T> mha(config(8, 2), 1);
+  const auto prompt = random.normal_tensor<T, 3>({1, 4, 8});
+  const auto token = random.normal_tensor<T, 3>({1, 1, 8});
+  auto cache = mha.make_cache(1), plain = mha.make_cache(1);
+  mha.step(prompt, cache);
+  mha.step(prompt, plain);
+  AttentionOptions<T> weights, top_left, dropout;
+  weights.need_weights = true;
+  top_left.causal = Causal::top_left;
+  dropout.dropout_p = T(0.1);
+  const std::vector<std::pair<AttentionOptions<T>, std::vector<std::string>>> cases{
+      {weights, {"opts.need_weights", "expected false, got true"}},
+      {top_left, {"opts.causal", "Causal::bottom_right", "got Causal::top_left"}},
+      {dropout, {"opts.dropout_p", "expected 0, got 0.100000"}}};
+  Tensor<T, 3> y({1, 1, 8});
+  y.fill(T(7));
+  for (const auto& refused : cases) {  // not a structured binding: C++17 lambdas cannot capture those
+    const AttentionOptions<T>& opts = refused.first;
+    SCOPED_TRACE(refused.second[0]);
+    std::vector<std::string> step_fragments = refused.second, into_fragments = refused.second;
+    step_fragments.push_back("[MultiHeadAttention::step]");
+    into_fragments.push_back("[MultiHeadAttention::step_into]");
+    expect_error<std::invalid_argument>([&] { mha.step(token, cache, opts); }, step_fragments);
+    expect_error<std::invalid_argument>([&] { mha.step_into(token, cache, y, opts); }, into_fragments);
+  }
+  EXPECT_EQ(cache.length(), 4) << "a refused step leaves the cache as it was";
+  EXPECT_TRUE(std::all_of(y.data(), y.data() + y.size(), [](T value) { return value == T(7); }));
+  AttentionOptions<T> bottom_right;
+  bottom_right.causal = Causal::bottom_right;  // what step uses: accepted, the same call as the default
+  EXPECT_TRUE(all_close(mha.step(token, cache, bottom_right), mha.step(token, plain), 0.0));
 }
 
 }  // namespace

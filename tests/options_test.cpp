@@ -1,11 +1,12 @@
-// Tests of options.hpp: the defaults API.md promises ("every field optional"), and key_lengths taking a
-// vector of any integer type.
+// Tests of options.hpp: the defaults API.md promises ("every field optional"), key_lengths taking a vector of any
+// integer type, and masks of rank 2 and 3 (MaskView) read as rank 4.
 #include <selfattn/options.hpp>
 
 #include <gtest/gtest.h>
 
-#include <cstdint>
+#include <array>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <stdexcept>
 #include <type_traits>
@@ -38,6 +39,49 @@ TEST(OptionsTest, MasksBindToTensorsOfTheRightElementType) {
   EXPECT_EQ(opts.allowed.data(), mask.data());
   EXPECT_EQ(opts.bias.data(), bias.data());
   EXPECT_EQ(opts.bias.shape(), bias.shape());
+}
+
+// PyTorch's scaled_dot_product_attention broadcasts attn_mask against (B, H, Lq, Lk) from the right: a 2-D mask is
+// (1, 1, Lq, Lk), a 3-D one (1, d0, Lq, Lk). The masks of the options take those ranks as views of the same memory,
+// the added dimensions of extent 1 and stride 0.
+TEST(OptionsTest, MasksOfRankTwoAndThreeAreReadAsRankFourFromTheRight) {
+  Tensor<bool, 2> mask({5, 7});
+  Tensor<float, 3> bias({3, 5, 7});
+  AttentionOptions<float> opts;
+  opts.allowed = mask;
+  opts.bias = bias;
+  EXPECT_EQ(opts.allowed.data(), mask.data());
+  EXPECT_EQ(opts.allowed.shape(), (std::array<Index, 4>{1, 1, 5, 7}));
+  EXPECT_EQ(opts.allowed.strides(), (std::array<Index, 4>{0, 0, 7, 1}));
+  EXPECT_EQ(opts.bias.data(), bias.data());
+  EXPECT_EQ(opts.bias.shape(), (std::array<Index, 4>{1, 3, 5, 7}));  // the first dimension lines up with the heads
+  EXPECT_EQ(opts.bias.strides(), (std::array<Index, 4>{0, 35, 7, 1}));
+
+  // Strided views keep their strides: columns 2..5 of every row of a (3, 5, 9) buffer.
+  Tensor<float, 3> wide({3, 5, 9});
+  opts.bias = TensorView<const float, 3>(wide.data() + 2, {3, 5, 4}, {45, 9, 1});
+  EXPECT_EQ(opts.bias.data(), wide.data() + 2);
+  EXPECT_EQ(opts.bias.shape(), (std::array<Index, 4>{1, 3, 5, 4}));
+  EXPECT_EQ(opts.bias.strides(), (std::array<Index, 4>{0, 45, 9, 1}));
+
+  // Rank 4 stays as it is, writable views included; copies of the options keep the view.
+  Tensor<bool, 4> full({2, 1, 5, 7});
+  opts.allowed = TensorView<bool, 4>(full);
+  EXPECT_EQ(opts.allowed.shape(), full.shape());
+  EXPECT_EQ(opts.allowed.strides(), full.strides());
+  const AttentionOptions<float> copy = opts;
+  EXPECT_EQ(copy.allowed.data(), full.data());
+  const TensorView<const bool, 4> as_documented = copy.allowed;  // API.md: a TensorView<const bool, 4>
+  EXPECT_EQ(as_documented.shape(), full.shape());
+  opts.allowed = {};
+  EXPECT_EQ(opts.allowed.data(), nullptr);
+
+  // A temporary tensor does not convert (its view would dangle), at any rank.
+  static_assert(std::is_convertible_v<Tensor<bool, 2>&, MaskView<bool>>);
+  static_assert(std::is_convertible_v<const Tensor<float, 3>&, MaskView<float>>);
+  static_assert(!std::is_convertible_v<Tensor<bool, 2>&&, MaskView<bool>>);
+  static_assert(!std::is_convertible_v<Tensor<float, 3>, MaskView<float>>);
+  static_assert(!std::is_convertible_v<Tensor<float, 4>, MaskView<float>>);
 }
 
 // A function written against the documented type, std::vector<Index>.

@@ -414,6 +414,32 @@ TEST(TransformerLayerTest, BadArgumentsThrowNamingThem) {
   test::expect_error<ShapeError>([&] { layer.forward(x); }, {"params().norm2_bias", "(8)", "(3)"});
 }
 
+// The layer's attention runs at cfg.attention.dropout (training mode only) and its step as MultiHeadAttention::step:
+// options the layer would ignore throw naming the layer, before anything runs; the values it uses pass.
+TEST(TransformerLayerTest, OptionsTheLayerWouldIgnoreThrow) {
+  TransformerLayerConfig cfg = small_layer_config();
+  cfg.attention.dropout = 0.2;
+  cfg.dropout = 0.1;
+  TransformerLayer<float> layer(cfg);
+  const Tensor<float, 3> x = Random(26).normal_tensor<float, 3>({1, 3, 8});
+  AttentionOptions<float> opts;
+  opts.dropout_p = 0.1f;  // the residual and FFN rate, not the attention's
+  test::expect_error<std::invalid_argument>(
+      [&] { layer.forward(x, opts); },
+      {"[TransformerLayer::forward]", "opts.dropout_p", "cfg.attention.dropout = 0.200000", "got 0.100000"});
+  opts.dropout_p = 0.2f;
+  EXPECT_TRUE(all_close(layer.forward(x, opts).output, layer.forward(x).output, 0.0));
+  KVCache<float> cache = layer.make_cache(1);
+  AttentionOptions<float> weights, top_left;
+  weights.need_weights = true;
+  top_left.causal = Causal::top_left;
+  test::expect_error<std::invalid_argument>([&] { layer.step(x, cache, weights); },
+                                            {"[TransformerLayer::step]", "opts.need_weights"});
+  test::expect_error<std::invalid_argument>([&] { layer.step(x, cache, top_left); },
+                                            {"[TransformerLayer::step]", "opts.causal", "Causal::top_left"});
+  EXPECT_EQ(cache.length(), 0) << "a refused step leaves the cache as it was";
+}
+
 // ---- The stack ----------------------------------------------------------------------------------------
 
 TransformerStackConfig small_stack_config(Index layers) {
@@ -511,12 +537,50 @@ TEST(TransformerStackTest, BadArgumentsThrowNamingThem) {
   test::expect_error<std::invalid_argument>([&] { stack.forward(x); }, {"params().layers", "expected 2", "got 1"});
 }
 
+// As the layer: options the stack would ignore throw naming the stack, before any layer runs or any cache grows.
+TEST(TransformerStackTest, OptionsTheStackWouldIgnoreThrow) {
+  TransformerStackConfig cfg = small_stack_config(2);
+  cfg.layer.attention.dropout = 0.3;
+  TransformerStack<float> stack(cfg);
+  stack.set_training(true);
+  const Tensor<float, 3> x = Random(27).normal_tensor<float, 3>({1, 2, 8});
+  AttentionOptions<float> opts;
+  opts.dropout_p = 0.5f;
+  test::expect_error<std::invalid_argument>(
+      [&] { stack.forward(x, opts); },
+      {"[TransformerStack::forward]", "opts.dropout_p", "cfg.layer.attention.dropout = 0.300000", "this call: 0.300000",
+       "got 0.500000"});
+  TransformerStackCache<float> cache = stack.make_cache(1);
+  stack.step(x, cache);
+  AttentionOptions<float> dropout;
+  dropout.dropout_p = 0.3f;  // the forward's rate, but step applies none
+  test::expect_error<std::invalid_argument>([&] { stack.step(x, cache, dropout); },
+                                            {"[TransformerStack::step]", "opts.dropout_p", "expected 0, got 0.300000"});
+  for (const KVCache<float>& c : cache.layers) EXPECT_EQ(c.length(), 2);
+}
+
+// Every module a stack builds gets its own seed: no two layers of one stack share any weight matrix (attention or
+// FFN). The same seed rebuilds the stack bit for bit, the default seed is 0, and another seed gives other weights.
 TEST(TransformerStackTest, LayersAreDifferentAndSeedsReproduce) {
-  TransformerStack<float> a(small_stack_config(2), 7), b(small_stack_config(2), 7), c(small_stack_config(2), 8);
-  const auto& pa = a.params().layers;
-  EXPECT_GT(test::max_abs_difference(pa[0].linear1_weight, pa[1].linear1_weight), 0.0);
-  EXPECT_EQ(test::max_abs_difference(pa[1].self_attn.q_weight, b.params().layers[1].self_attn.q_weight), 0.0);
-  EXPECT_GT(test::max_abs_difference(pa[0].self_attn.q_weight, c.params().layers[0].self_attn.q_weight), 0.0);
+  const TransformerStackConfig cfg = small_stack_config(3);
+  TransformerStack<float> a(cfg, 7), b(cfg, 7), c(cfg, 8), unseeded(cfg), zero(cfg, 0);
+  test::for_each_stack_param(a.params(), b.params(), [](const std::string& name, const auto& p, const auto& q) {
+    EXPECT_EQ(test::max_abs_difference(p, q), 0.0) << name << ": the same seed, the same stack";
+  });
+  test::for_each_stack_param(unseeded.params(), zero.params(), [](const std::string& name, const auto& p,
+                                                                   const auto& q) {
+    EXPECT_EQ(test::max_abs_difference(p, q), 0.0) << name << ": the default seed is 0";
+  });
+  const std::vector<TransformerLayerParams<float>>& layers = a.params().layers;
+  for (std::size_t i = 0; i < layers.size(); ++i)
+    for (std::size_t j = i + 1; j < layers.size(); ++j)
+      test::for_each_layer_param(layers[i], layers[j], [&](const std::string& name, const auto& p, const auto& q) {
+        if (p.shape().size() == 2) {  // the weight matrices; norms start at 1 and biases at 0 in every layer
+          EXPECT_GT(test::max_abs_difference(p, q), 0.0) << name << " of layers " << i << " and " << j;
+        }
+      });
+  EXPECT_GT(test::max_abs_difference(layers[0].self_attn.q_weight, c.params().layers[0].self_attn.q_weight), 0.0);
+  EXPECT_GT(test::max_abs_difference(layers[0].linear1_weight, c.params().layers[0].linear1_weight), 0.0);
 }
 
 // ---- State dicts ----------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <selfattn/key_lengths.hpp>
+#include <selfattn/mask_view.hpp>
 #include <selfattn/tensor.hpp>
 
 #include <algorithm>
@@ -40,7 +41,8 @@ enum class Kernel {
 /// \brief Options of one attention call. Every field is optional; all masks combine by logical and.
 ///
 /// Shapes: B batch, H query heads, Lq query length, Lk key length; `allowed` and `bias` broadcast to
-/// (B, H, Lq, Lk) (NumPy rules: an extent of 1 repeats). Masks are views: the caller keeps their data alive.
+/// (B, H, Lq, Lk) (NumPy rules: an extent of 1 repeats, missing leading dimensions are 1, so they take a tensor
+/// of rank 2 (Lq, Lk), 3 (H, Lq, Lk) or 4; see MaskView). Masks are views: the caller keeps their data alive.
 /// \code
 /// AttentionOptions<float> opts;
 /// opts.causal = Causal::top_left;
@@ -51,8 +53,8 @@ template <typename T>
 struct AttentionOptions {
   Causal causal = Causal::none;           ///< causal mask alignment
   KeyLengths key_lengths;                 ///< empty, or B entries in [0, Lk]: key j of batch b is valid iff j < key_lengths[b]
-  TensorView<const bool, 4> allowed;      ///< empty, or broadcastable to (B, H, Lq, Lk); true = may attend
-  TensorView<const T, 4> bias;            ///< empty, or broadcastable to (B, H, Lq, Lk); added to the scores
+  MaskView<bool> allowed;                 ///< empty, or rank 2-4 broadcastable to (B, H, Lq, Lk); true = may attend
+  MaskView<T> bias;                       ///< empty, or rank 2-4 broadcastable to (B, H, Lq, Lk); added to the scores
   Index window_left = -1;                 ///< keys allowed left of the bottom-right diagonal; -1 = unbounded
   Index window_right = -1;                ///< keys allowed right of the bottom-right diagonal; -1 = unbounded
   std::vector<T> alibi_slopes;            ///< empty, or one slope per query head: score -= slope * |i + off - j|

@@ -15,6 +15,7 @@
 #include <selfattn/heads.hpp>
 #include <selfattn/nn/kv_cache.hpp>
 #include <selfattn/nn/module_input.hpp>
+#include <selfattn/nn/module_options.hpp>
 #include <selfattn/nn/module_workspace.hpp>
 #include <selfattn/options.hpp>
 #include <selfattn/positional.hpp>
@@ -224,6 +225,8 @@ class MultiHeadAttention {
 
  public:
   /// Xavier-uniform projection weights as PyTorch initialises them, zero biases; `seed` picks the draw.
+  /// The default seed is 0: every module built without a seed has the SAME weights (PyTorch draws a fresh
+  /// initialisation per module; there is no global generator here). Give each module you build its own seed.
   explicit MultiHeadAttention(const MultiHeadAttentionConfig& config, std::uint64_t seed = 0)
       : config_(normalized(config)), head_dim_(config_.embed_dim / config_.num_heads) {
     if (config_.rope_dim > 0)
@@ -247,10 +250,11 @@ class MultiHeadAttention {
   /// \brief Attention of query (B, Lq, E) over key (B, Lk, kdim) and value (B, Lk, vdim).
   ///
   /// Shapes: query (B, Lq, E), key (B, Lk, kdim), value (B, Lk, vdim) -> output (B, Lq, E), weights
-  /// (B, H, Lq, Lk) when opts.need_weights. Masks in `opts` broadcast to (B, H, Lq, Lk); `opts.dropout_p` is
-  /// not used (the rate is cfg.dropout, in training mode only). With RoPE, key row j is at position j and
-  /// query row l at l + Lk - Lq. Every argument is checked first: ShapeError or std::invalid_argument
-  /// (also for opts.alibi_slopes together with cfg.alibi). The result views the inputs for backward: a temporary
+  /// (B, H, Lq, Lk) when opts.need_weights. Masks in `opts` broadcast to (B, H, Lq, Lk). The dropout rate is
+  /// cfg.dropout, in training mode only: `opts.dropout_p` must be 0 or cfg.dropout (another value would be
+  /// ignored, so it throws). With RoPE, key row j is at position j and query row l at l + Lk - Lq. Every
+  /// argument is checked first: ShapeError or std::invalid_argument (also for opts.alibi_slopes together with
+  /// cfg.alibi). The result views the inputs for backward: a temporary
   /// Tensor argument is moved into the result (no copy), so `mha.backward(dout, mha.forward(load()))` is safe;
   /// named tensors and views stay the caller's to keep alive, as do the mask tensors in opts.
   /// \code
@@ -308,8 +312,10 @@ class MultiHeadAttention {
   /// and returns the output rows (B, Lnew, E).
   ///
   /// New rows of sequence b sit at positions cache.positions()[b] + l (RoPE) and attend with
-  /// Causal::bottom_right over everything cached, whatever opts.causal says; other masks in opts refer to
-  /// the cache after the append (Lk = the longest sequence's length then). No dropout. Sequences may
+  /// Causal::bottom_right over everything cached; other masks in opts refer to the cache after the append (Lk =
+  /// the longest sequence's length then). No dropout, no weights: opts.causal must be Causal::none or
+  /// Causal::bottom_right, opts.dropout_p 0 and opts.need_weights false (std::invalid_argument naming the option
+  /// otherwise: step would ignore it). Sequences may
   /// take different numbers of new tokens: `new_tokens[b]` (default: all Lnew) are the real rows of
   /// sequence b, the rest right padding, not cached, with zero attention output. Feeding a sequence in
   /// pieces gives the output of one forward with Causal::top_left. Under an evicting policy, masks in
@@ -644,6 +650,7 @@ class MultiHeadAttention {
     check_params(parameters, function);
     if (config_.alibi && !opts.alibi_slopes.empty())
       detail::throw_invalid(function, "opts.alibi_slopes", "must be empty when cfg.alibi is set (ALiBi added twice)");
+    detail::check_module_dropout(function, opts, config_.dropout, "cfg.dropout", training_);
     detail::validate_options(function, opts, query.dim(0), config_.num_heads, query.dim(1), key.dim(1));
   }
 
@@ -911,6 +918,7 @@ class MultiHeadAttention {
     check_params(parameters, function);
     if (config_.alibi && !opts.alibi_slopes.empty())
       detail::throw_invalid(function, "opts.alibi_slopes", "must be empty when cfg.alibi is set (ALiBi added twice)");
+    detail::check_step_options(function, opts);
     const bool evicting = cache.policy().evicts();
     if (evicting && (opts.allowed.data() || opts.bias.data() || !opts.key_lengths.empty() || opts.window_left != -1 ||
                      opts.window_right != -1))
@@ -948,10 +956,8 @@ class MultiHeadAttention {
     // Append and attend, sequence by sequence, with Causal::bottom_right over everything cached. An evicting
     // cache takes one row at a time, so that every row sees exactly the sinks and the last `window` tokens.
     AttentionOptions<T>& attention_opts = ws.options;
-    attention_opts = opts;
+    attention_opts = opts;  // validate_step left dropout_p 0, need_weights false, causal none or bottom_right
     attention_opts.causal = Causal::bottom_right;
-    attention_opts.dropout_p = T(0);
-    attention_opts.need_weights = false;
     if (config_.alibi) attention_opts.alibi_slopes = alibi_;
     // The heads are written into the merged (B, Lnew, E) layout directly; padding rows stay 0.
     const TensorView<T, 3> merged = MhaWorkspace<T>::take(ws.merged, std::array<Index, 3>{batch, new_len, e});

@@ -20,6 +20,7 @@
 #include <selfattn/nn/feed_forward.hpp>
 #include <selfattn/nn/kv_cache.hpp>
 #include <selfattn/nn/module_input.hpp>
+#include <selfattn/nn/module_options.hpp>
 #include <selfattn/nn/multihead.hpp>
 #include <selfattn/nn/norm.hpp>
 #include <selfattn/options.hpp>
@@ -155,8 +156,9 @@ struct TransformerLayerGradients {
 ///
 /// Shapes: forward(x (B, L, E), opts) -> output (B, L, E); step(x_new (B, Lnew, E), cache) -> (B, Lnew, E).
 /// `opts` are the attention's options (causal, key_lengths, allowed, bias, windows, need_weights, seed); dropout rates
-/// come from the configuration, in training mode only. forward, backward and step are const: one layer serves many
-/// threads.
+/// come from the configuration, in training mode only, so opts.dropout_p must be 0 or cfg.attention.dropout (another
+/// value throws). step takes the options MultiHeadAttention::step takes. forward, backward and step are const: one
+/// layer serves many threads.
 /// \code
 /// TransformerLayer<float> layer(cfg);           // seed 0
 /// AttentionOptions<float> opts;
@@ -250,6 +252,7 @@ class TransformerLayer {
       detail::SavedInput<T> input = detail::save_input<T>(std::forward<X>(x));
       check_input(forward_name, "x", input.view);
       check_params(forward_name, parameters);
+      detail::check_module_dropout(forward_name, opts, config_.attention.dropout, "cfg.attention.dropout", training_);
       auto saved = std::make_shared<detail::TransformerLayerSaved<T>>();
       saved->input = std::move(input);
       f.output = run_forward(parameters, *saved, attention_options(opts));
@@ -322,6 +325,7 @@ class TransformerLayer {
       const TensorView<const T, 3> x = detail::const_view(x_new);
       check_input(step_name, "x_new", x);
       check_params(step_name, parameters);
+      detail::check_step_options(step_name, opts);
       return run_step(parameters, x, cache, opts, new_tokens);
     }
   }

@@ -10,6 +10,7 @@
 #include <selfattn/half_precision.hpp>
 #include <selfattn/nn/kv_cache.hpp>
 #include <selfattn/nn/module_input.hpp>
+#include <selfattn/nn/module_options.hpp>
 #include <selfattn/nn/norm.hpp>
 #include <selfattn/nn/transformer_layer.hpp>
 #include <selfattn/options.hpp>
@@ -100,7 +101,9 @@ struct TransformerStackCache {
 /// \brief N transformer layers of one configuration and an optional final norm.
 ///
 /// Shapes: forward(x (B, L, E), opts) -> output (B, L, E); step(x_new (B, Lnew, E), cache) -> (B, Lnew, E).
-/// Every layer attends with the same `opts`; layer i's dropout is keyed by a seed derived from opts.seed and i.
+/// Every layer attends with the same `opts` (checked as TransformerLayer checks them: opts.dropout_p 0 or
+/// cfg.layer.attention.dropout; step's options as MultiHeadAttention::step's); layer i's dropout is keyed by a seed
+/// derived from opts.seed and i.
 /// forward, backward and step are const.
 /// \code
 /// TransformerStack<float> model(cfg, /*seed=*/1);
@@ -112,7 +115,8 @@ struct TransformerStackCache {
 template <typename T>
 class TransformerStack {
  public:
-  /// Layer i initialised as TransformerLayer(cfg.layer, seed + i) is; the final norm to weight 1, bias 0.
+  /// Layer i initialised as TransformerLayer(cfg.layer, seed + i) is; the final norm to weight 1, bias 0. So stacks
+  /// built from seeds s and s + 1 share layers: give several stacks seeds at least num_layers apart.
   explicit TransformerStack(const TransformerStackConfig& config, std::uint64_t seed = 0)
       : config_(config), layer_(config.layer, seed) {
     if (config_.num_layers < 1)
@@ -147,6 +151,8 @@ class TransformerStack {
     TransformerStackForward<T> f;
     if constexpr (detail::check_layer_arguments<T, X>()) {
       check_params(forward_name);
+      detail::check_module_dropout(forward_name, opts, config_.layer.attention.dropout, "cfg.layer.attention.dropout",
+                                   training());
       f.layers.reserve(params_.layers.size());
       AttentionOptions<T> layer_opts = opts;
       for (std::size_t i = 0; i < params_.layers.size(); ++i) {
@@ -250,6 +256,7 @@ class TransformerStack {
       const TensorView<const T, 3> x = detail::const_view(x_new);
       check_params(step_name, parameters);
       check_cache(x, cache);
+      detail::check_step_options(step_name, opts);
       std::vector<std::vector<Index>> lengths_before;
       for (const KVCache<T, S>& c : cache.layers) lengths_before.push_back(c.lengths());
       std::size_t i = 0;
