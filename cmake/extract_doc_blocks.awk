@@ -16,17 +16,17 @@
 #   <!-- doc-test: run -->           inside main(): also built as a program and run, which must exit 0
 #   <!-- compiled: NAME -->          a whole file that another test extracts by NAME and compiles (tests/consumer,
 #                                    tests/CMakeLists.txt): not compiled again here (the kernels' instantiation
-#                                    block alone takes 40 s), counted as compiled elsewhere
+#                                    block alone takes 40 s here), counted as compiled elsewhere
 # and a marker may carry a hidden preamble, the lines a fragment needs that the page does not show, ended by a
-# line `-->` (HTML comments must not contain "--"):
+# line `-->` (no "--" inside: HTML comments must not contain it):
 #   <!-- doc-test: function
 #   Tensor<float, 4> q({1, 8, 1, 64});
 #   -->
 # A marker that no ```cpp block follows, an unknown kind or an unclosed block is an error (exit code 1).
 #
 # The translation unit puts each block in a namespace of its own (docs_block_<n>), with its #include lines moved
-# to the top of the file, and ends with a line `// doc-blocks: blocks=<n> run=<list> skipped=<n> elsewhere=<n>` for the
-# driver.
+# to the top of the file, and ends with a line for the driver:
+#   // doc-blocks: blocks=<n> run=<list of block numbers> skipped=<n> elsewhere=<n>
 
 function fail(message) {
   printf "%s:%d: %s\n", page, FNR, message > "/dev/stderr"
@@ -62,7 +62,7 @@ in_marker {
     marker_end = FNR
     next
   }
-  if (index($0, "--")) fail("a hidden preamble line must not contain \"--\" (it would end the HTML comment)")
+  if (index($0, "--")) fail("a hidden preamble line must not contain \"--\" (HTML comments must not)")
   preamble[++preamble_lines] = $0
   next
 }
