@@ -26,7 +26,8 @@
 #
 # The translation unit puts each block in a namespace of its own (docs_block_<n>), with its #include lines moved
 # to the top of the file, and ends with a line for the driver:
-#   // doc-blocks: blocks=<n> run=<list of block numbers> skipped=<n> elsewhere=<n>
+#   // doc-blocks: blocks=<n> run=<list of block numbers> skipped=<n> elsewhere=<n> programs=<n>
+# (programs: the whole programs, left out of the unit: the build compiles them as docs_run_*)
 
 function fail(message) {
   printf "%s:%d: %s\n", page, FNR, message > "/dev/stderr"
@@ -185,6 +186,7 @@ function print_unit(    b, run, skipped) {
   run = ""
   skipped = 0
   elsewhere = 0
+  programs = 0
   for (b = 1; b <= blocks; b++) {
     if (skipped_block(b)) {
       skipped++
@@ -195,7 +197,10 @@ function print_unit(    b, run, skipped) {
       continue
     }
     if (kind[b] == "run" || kind[b] == "program") run = run (run == "" ? "" : ",") b
-    if (kind[b] == "program") continue   # its own translation unit: built and run as a program
+    if (kind[b] == "program") {   # its own translation unit: built and run as a program
+      programs++
+      continue
+    }
     printf "\nnamespace docs_block_%d {  // %s:%d\nusing namespace selfattn;\n", b, page, first_line[b]
     if (kind[b] == "namespace") {
       print_lines(b, 1, "")
@@ -206,7 +211,8 @@ function print_unit(    b, run, skipped) {
     }
     printf "}  // namespace docs_block_%d\n", b
   }
-  printf "// doc-blocks: blocks=%d run=%s skipped=%d elsewhere=%d\n", blocks, run, skipped, elsewhere
+  printf "// doc-blocks: blocks=%d run=%s skipped=%d elsewhere=%d programs=%d\n",
+         blocks, run, skipped, elsewhere, programs
 }
 
 END {
