@@ -24,7 +24,8 @@
 #   -->
 # A marker that no ```cpp block follows, an unknown kind or an unclosed block is an error (exit code 1).
 #
-# The translation unit puts each block in a namespace of its own (docs_block_<n>), with its #include lines moved
+# The translation unit puts each block in a namespace of its own (docs_<page>_block_<n>, so that the units of
+# several pages can be concatenated into one), with its #include lines moved
 # to the top of the file, and ends with a line for the driver:
 #   // doc-blocks: blocks=<n> run=<list of block numbers> skipped=<n> elsewhere=<n> programs=<n>
 # (programs: the whole programs, left out of the unit: the build compiles them as docs_run_*)
@@ -48,6 +49,10 @@ function needs_of(text) {
 
 BEGIN {
   if (page == "") page = ARGV[1]
+  stem = page                        # the page as a C++ identifier: docs/api.md -> api
+  sub(/^.*\//, "", stem)
+  sub(/\.md$/, "", stem)
+  gsub(/[^A-Za-z0-9_]/, "_", stem)
   if (have_json == "") have_json = 1
   if (have_mpi == "") have_mpi = 1
   blocks = 0
@@ -201,7 +206,7 @@ function print_unit(    b, run, skipped) {
       programs++
       continue
     }
-    printf "\nnamespace docs_block_%d {  // %s:%d\nusing namespace selfattn;\n", b, page, first_line[b]
+    printf "\nnamespace docs_%s_block_%d {  // %s:%d\nusing namespace selfattn;\n", stem, b, page, first_line[b]
     if (kind[b] == "namespace") {
       print_lines(b, 1, "")
     } else {
@@ -209,7 +214,7 @@ function print_unit(    b, run, skipped) {
       print_lines(b, 1, "  ")
       print "}"
     }
-    printf "}  // namespace docs_block_%d\n", b
+    printf "}  // namespace docs_%s_block_%d\n", stem, b
   }
   printf "// doc-blocks: blocks=%d run=%s skipped=%d elsewhere=%d programs=%d\n",
          blocks, run, skipped, elsewhere, programs
