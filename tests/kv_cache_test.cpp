@@ -13,6 +13,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
+#include <limits>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -458,6 +461,68 @@ TEST(KVCacheErrors, BadPoliciesAndCrossAttentionModulesThrow) {
   expect_error<std::invalid_argument>([&] { mha.step(Tensor<float, 3>({1, 1, 8}), evicting, opts); },
                                       {"evicting cache policy"});
   EXPECT_EQ(evicting.length(), 0);
+}
+
+// ---- size limits: capacities whose bytes would wrap throw std::length_error, before allocating ----------------
+
+// A module of E = 512, 8 heads (Dh = 64): one token slot of keys and values is 2 * 8 * 64 * 4 = 4096 bytes, so the
+// cache holds at most (2^63 - 1) / 4096 = 2^51 - 1 tokens. keep_all(2^56) reported memory_bytes() == 0 (the count
+// wrapped) and the next step threw a bare std::bad_alloc; at 2^59 a std::length_error from vector::reserve.
+TEST(KVCacheSizeLimits, CapacityTooLargeForMemoryThrowsLengthError) {
+  MultiHeadAttentionConfig cfg;
+  cfg.embed_dim = 512;
+  cfg.num_heads = 8;
+  const MultiHeadAttention<float> mha(cfg);
+  const Index limit = (Index{1} << 51) - 1;
+  EXPECT_EQ(mha.make_cache(1).max_capacity(), limit);
+  for (const Index capacity : {Index{1} << 56, Index{1} << 59, limit + 1})
+    expect_error<std::length_error>([&] { mha.make_cache(1, CachePolicy::keep_all(capacity)); },
+                                    {"[KVCache]", "policy.capacity", std::to_string(capacity),
+                                     "(1, 8, " + std::to_string(capacity) + ", 64)", std::to_string(limit)});
+  // The window's slots are allocated at once: the same limit.
+  expect_error<std::length_error>([&] { mha.make_cache(1, CachePolicy::sliding_window(limit)); },
+                                  {"[KVCache]", "policy.window", std::to_string(limit)});
+  // A growing cache checks each growth: reserve and a step past the limit throw, and the cache stays empty.
+  auto cache = mha.make_cache(1);
+  expect_error<std::length_error>([&] { cache.reserve(Index{1} << 56); },
+                                  {"[KVCache::reserve]", "tokens", "72057594037927936", std::to_string(limit)});
+  EXPECT_EQ(cache.capacity(), 0);
+  EXPECT_EQ(cache.memory_bytes(), 0u);
+}
+
+// Capacity x head size x heads (x batch) overflowing Index itself, and S + W + 1 wrapping.
+TEST(KVCacheSizeLimits, ProductsThatWrapIndexThrowLengthError) {
+  const Index big = Index{1} << 31;
+  // Hkv * D * 2 * sizeof(S) = 2^62 * 16 bytes for one token slot: no capacity fits, not even a growing cache's.
+  expect_error<std::length_error>([&] { KVCache<double>(1, big, big); }, {"[KVCache]", "head_dim", "2147483648"});
+  // 2^20 heads of 2^20 dims: 2^44 bytes a slot, 2^19 - 1 slots at most; 2^30 (2^74 bytes) wrapped.
+  expect_error<std::length_error>(
+      [] { KVCache<float>(2, Index{1} << 20, Index{1} << 20, CachePolicy::keep_all(Index{1} << 30)); },
+      {"[KVCache]", "policy.capacity", "(2, 1048576, 1073741824, 1048576)", std::to_string((Index{1} << 19) - 1)});
+  // Batch 0 still counts as one sequence: its planes' strides multiply the other extents.
+  EXPECT_THROW(KVCache<float>(0, big, big), std::length_error);
+  const Index max = std::numeric_limits<Index>::max();
+  expect_error<std::length_error>([&] { KVCache<float>(1, 1, 4, CachePolicy::sliding_window(max)); },
+                                  {"[KVCache]", "policy.window", std::to_string(max)});
+  expect_error<std::length_error>([&] { KVCache<float>(1, 1, 4, CachePolicy::attention_sinks(max / 2 + 1, max / 2)); },
+                                  {"[KVCache]", "policy.window"});
+  // The sinks' own copies: 8 heads of 2^52 sink keys of 64 floats, 2^63 bytes.
+  expect_error<std::length_error>([] { KVCache<float>(1, 8, 64, CachePolicy::attention_sinks(Index{1} << 52, 16)); },
+                                  {"[KVCache]", "policy.sink_tokens", "4503599627370496"});
+}
+
+// The workspaces' sizes come from the inputs' extents too: the decode partials for a capacity of 2^59 keys
+// (what a step reserves for its cache) and a module buffer whose element count wraps.
+TEST(KVCacheSizeLimits, WorkspaceSizesThatWrapThrowLengthError) {
+  AttentionWorkspace<float> ws;
+  expect_error<std::length_error>([&] { ws.reserve_decode(8, 1, Index{1} << 59, 64); },
+                                  {"[AttentionWorkspace::reserve_decode]", "keys", "576460752303423488"});
+  EXPECT_NO_THROW(ws.reserve_decode(8, 1, 1024, 64));
+  std::vector<float> buffer;
+  expect_error<std::length_error>(
+      [&] { MhaWorkspace<float>::take(buffer, std::array<Index, 3>{Index{1} << 30, Index{1} << 30, 16}); },
+      {"[MhaWorkspace]", "shape", "(1073741824, 1073741824, 16)"});
+  EXPECT_TRUE(buffer.empty());
 }
 
 }  // namespace
