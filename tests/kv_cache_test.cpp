@@ -506,6 +506,11 @@ TEST(KVCacheSizeLimits, ProductsThatWrapIndexThrowLengthError) {
                                   {"[KVCache]", "policy.window", std::to_string(max)});
   expect_error<std::length_error>([&] { KVCache<float>(1, 1, 4, CachePolicy::attention_sinks(max / 2 + 1, max / 2)); },
                                   {"[KVCache]", "policy.window"});
+  // The per-sequence lengths and positions are allocated after the checks (a bad head count with a batch of 2^40
+  // asked for 16 TB first), and counted: 2^60 sequences of one bf16 head of dimension 1 fit a slot, not their lengths.
+  expect_error<std::invalid_argument>([] { KVCache<float>(Index{1} << 40, 0, 4); }, {"[KVCache]", "kv_heads"});
+  expect_error<std::length_error>([] { KVCache<float, bfloat16>(Index{1} << 60, 1, 1); },
+                                  {"[KVCache]", "batch", "1152921504606846976"});
   // The sinks' own copies: 8 heads of 2^52 sink keys of 64 floats, 2^63 bytes.
   expect_error<std::length_error>([] { KVCache<float>(1, 8, 64, CachePolicy::attention_sinks(Index{1} << 52, 16)); },
                                   {"[KVCache]", "policy.sink_tokens", "4503599627370496"});

@@ -75,11 +75,11 @@ class KVCache {
 
   /// An empty cache for `batch` sequences of `kv_heads` key/value heads of dimension `head_dim` (usually made
   /// by MultiHeadAttention::make_cache). Throws std::invalid_argument naming `batch` (< 0), `kv_heads` or
-  /// `head_dim` (< 1), or `policy.window`, `policy.sink_tokens`, `policy.capacity` when the policy is invalid.
+  /// `head_dim` (< 1), or `policy.window`, `policy.sink_tokens`, `policy.capacity` when the policy is invalid;
+  /// std::length_error naming the size (`policy.capacity`, `policy.window`, `policy.sink_tokens`, `head_dim`,
+  /// `batch`) when the planes at the policy's capacity would exceed max_capacity(). Nothing is allocated before.
   KVCache(Index batch, Index kv_heads, Index head_dim, const CachePolicy& policy = {})
-      : policy_(policy), batch_(batch), kv_heads_(kv_heads), head_dim_(head_dim),
-        lengths_(static_cast<std::size_t>(std::max<Index>(batch, 0)), 0),
-        seen_(static_cast<std::size_t>(std::max<Index>(batch, 0)), 0) {
+      : policy_(policy), batch_(batch), kv_heads_(kv_heads), head_dim_(head_dim) {
     const char* fn = "KVCache";
     if (batch < 0) detail::throw_invalid(fn, "batch", "expected >= 0, got " + std::to_string(batch));
     if (kv_heads < 1) detail::throw_invalid(fn, "kv_heads", "expected >= 1, got " + std::to_string(kv_heads));
@@ -96,6 +96,9 @@ class KVCache {
                                 "), got " + std::to_string(policy.capacity));
     max_capacity_ = checked_max_capacity();
     check_capacity_fits();
+    check_sequences_fit();
+    lengths_.assign(static_cast<std::size_t>(batch), 0);
+    seen_ = lengths_;
     allocate(policy.capacity > 0 ? policy.capacity : 0);
   }
 
@@ -262,6 +265,16 @@ class KVCache {
                                         limit, "bytes");
     });
     return (limit - sink_bytes) / slot_bytes;
+  }
+
+  /// Throws std::length_error naming `batch` when the per-sequence lengths and positions (two Index each) would
+  /// exceed detail::max_object_size bytes: the planes' check bounds B * Hkv * D * 2 * sizeof(S), as little as 4 B.
+  void check_sequences_fit() const {
+    detail::checked_mul(batch_, 2 * static_cast<Index>(sizeof(Index)), detail::max_object_size, [&] {
+      return detail::size_limit_message("KVCache", "batch",
+                                        std::to_string(batch_) + " sequences' lengths and positions, in bytes,",
+                                        detail::max_object_size, "bytes");
+    });
   }
 
   /// Throws std::length_error naming `policy.capacity` (or `policy.window`, whose slots are allocated at once)
