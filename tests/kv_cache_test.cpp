@@ -137,16 +137,46 @@ TYPED_TEST(KVCacheTest, StepsEqualTheModuleComputedByHand) {
   }
 }
 
-// Key/value heads are stored once per key/value head: the cache has Hkv planes, not H.
+// Key/value heads are stored once per key/value head: the cache has Hkv planes, not H; plane g holds key/value head
+// g (rows [g Dh, (g + 1) Dh) of the key projection), and query head h reads plane h / (H / Hkv). With several
+// key/value heads and several query heads per group, a wrong mapping (h % Hkv, or every head on plane 0) changes
+// the planes or the output: both are checked against loops (the planes) and test::module_by_hand (the output), on
+// a prefill of 20 rows (the fused kernel) and single tokens after it (the decode kernel).
 TYPED_TEST(KVCacheTest, GroupedQueryHeadsAreStoredOnce) {
   using T = TypeParam;
   Random random(52);
-  const MultiHeadAttention<T> mha = make_module<T>(module_cases[2], random);  // H = 4, Hkv = 1
-  auto cache = mha.make_cache(1);
-  mha.step(random.normal_tensor<T, 3>({1, 5, 16}), cache);
-  EXPECT_EQ(cache.keys().dim(1), 1);
-  EXPECT_EQ(cache.keys().dim(3), 4);
-  EXPECT_GE(cache.capacity(), 5);
+  const Index E = 24, H = 6, Dh = E / H, prefill = 20, L = prefill + 2;
+  for (const Index Hkv : {2, 3}) {
+    SCOPED_TRACE("Hkv = " + std::to_string(Hkv));
+    const MultiHeadAttention<T> mha =
+        make_module<T>({"gqa", E, H, Hkv, 0, RopeStyle::half, false, true}, random);  // no RoPE: keys are projections
+    const auto x = random.normal_tensor<T, 3>({1, L, E});
+    AttentionOptions<T> causal;
+    causal.causal = Causal::top_left;
+    const auto expected = test::module_by_hand(mha, x, x, x, causal);
+    auto cache = mha.make_cache(1);
+    EXPECT_TRUE(all_close(mha.step(rows(x, 0, prefill), cache), rows(expected, 0, prefill), default_tolerance<T>()));
+    for (Index t = prefill; t < L; ++t)
+      EXPECT_TRUE(all_close(mha.step(rows(x, t, t + 1), cache), rows(expected, t, t + 1), default_tolerance<T>()))
+          << "token " << t;
+    ASSERT_EQ(cache.keys().dim(1), Hkv);
+    EXPECT_EQ(cache.keys().dim(3), Dh);
+    EXPECT_GE(cache.capacity(), L);
+    const auto& p = mha.params();
+    for (Index g = 0; g < Hkv; ++g)
+      for (Index l = 0; l < L; ++l)
+        for (Index d = 0; d < Dh; ++d) {
+          const Index row = g * Dh + d;  // of the key and value projections
+          long double key = p.k_bias(row), value = p.v_bias(row);
+          for (Index e = 0; e < E; ++e) {
+            key += static_cast<long double>(x(0, l, e)) * p.k_weight(row, e);
+            value += static_cast<long double>(x(0, l, e)) * p.v_weight(row, e);
+          }
+          const double tolerance = default_tolerance<T>() * 10;  // relative to the projections, a few units
+          EXPECT_NEAR(cache.keys()(0, g, l, d), static_cast<T>(key), tolerance) << "plane " << g << ", token " << l;
+          EXPECT_NEAR(cache.values()(0, g, l, d), static_cast<T>(value), tolerance) << "plane " << g << ", token " << l;
+        }
+  }
 }
 
 // Sequences of different lengths decode together (right padding: new_tokens[b] real rows per step).
