@@ -203,16 +203,32 @@ TYPED_TEST(AttentionTest, StridedViewsEqualContiguousCopies) {
   EXPECT_TRUE(all_close(strided.weights, contiguous.weights, 0.0));
 }
 
+// Query head h reads key/value head h / (H / Hkv) in every kernel: each is run by name (the default would choose
+// the decode kernel for L = 7), with and without a causal mask, against the same call on key/value heads repeated
+// H / Hkv times (where every head mapping agrees) and against the brute force, whose mapping is written out. With
+// H = 6 and Hkv = 2 a wrong mapping (h % Hkv, say) reads another head's keys for some h and fails both.
 TYPED_TEST(AttentionTest, GroupedQueryEqualsRepeatedKeyValueHeads) {
   using T = TypeParam;
   Random random(15);
-  const Index B = 2, H = 6, Hkv = 2, L = 7, D = 5;
-  const auto q = random.normal_tensor<T, 4>({B, H, L, D});
-  const auto k = random.normal_tensor<T, 4>({B, Hkv, L, D});
-  const auto v = random.normal_tensor<T, 4>({B, Hkv, L, D});
-  const Tensor<T, 4> k_repeated = test::repeat_kv_heads(k, H), v_repeated = test::repeat_kv_heads(v, H);
-  EXPECT_TRUE(all_close(scaled_dot_product_attention(q, k, v), scaled_dot_product_attention(q, k_repeated, v_repeated),
-                        0.0));
+  const Index B = 2, H = 6, Hkv = 2, D = 5;
+  for (const Index L : {7, 33}) {
+    const auto q = random.normal_tensor<T, 4>({B, H, L, D});
+    const auto k = random.normal_tensor<T, 4>({B, Hkv, L, D});
+    const auto v = random.normal_tensor<T, 4>({B, Hkv, L, D});
+    const Tensor<T, 4> k_repeated = test::repeat_kv_heads(k, H), v_repeated = test::repeat_kv_heads(v, H);
+    for (const Causal causal : {Causal::none, Causal::top_left})
+      for (const Kernel kernel : {Kernel::reference, Kernel::fused, Kernel::decode}) {
+        SCOPED_TRACE("L = " + std::to_string(L) + ", causal " + std::to_string(static_cast<int>(causal)) +
+                     ", kernel " + std::to_string(static_cast<int>(kernel)));
+        AttentionOptions<T> opts;
+        opts.causal = causal;
+        opts.kernel = kernel;
+        const auto grouped = scaled_dot_product_attention(q, k, v, opts);
+        EXPECT_TRUE(all_close(grouped, scaled_dot_product_attention(q, k_repeated, v_repeated, opts),
+                              default_tolerance<T>()));
+        EXPECT_TRUE(all_close(grouped, test::brute_force_attention<T>(q, k, v, opts).out, default_tolerance<T>()));
+      }
+  }
 }
 
 TYPED_TEST(AttentionTest, OutputOnlyAndWeightsOnlyEntriesAgreeWithSdpaForward) {

@@ -13,6 +13,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
+#include <limits>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -134,16 +137,46 @@ TYPED_TEST(KVCacheTest, StepsEqualTheModuleComputedByHand) {
   }
 }
 
-// Key/value heads are stored once per key/value head: the cache has Hkv planes, not H.
+// Key/value heads are stored once per key/value head: the cache has Hkv planes, not H; plane g holds key/value head
+// g (rows [g Dh, (g + 1) Dh) of the key projection), and query head h reads plane h / (H / Hkv). With several
+// key/value heads and several query heads per group, a wrong mapping (h % Hkv, or every head on plane 0) changes
+// the planes or the output: both are checked against loops (the planes) and test::module_by_hand (the output), on
+// a prefill of 20 rows (the fused kernel) and single tokens after it (the decode kernel).
 TYPED_TEST(KVCacheTest, GroupedQueryHeadsAreStoredOnce) {
   using T = TypeParam;
   Random random(52);
-  const MultiHeadAttention<T> mha = make_module<T>(module_cases[2], random);  // H = 4, Hkv = 1
-  auto cache = mha.make_cache(1);
-  mha.step(random.normal_tensor<T, 3>({1, 5, 16}), cache);
-  EXPECT_EQ(cache.keys().dim(1), 1);
-  EXPECT_EQ(cache.keys().dim(3), 4);
-  EXPECT_GE(cache.capacity(), 5);
+  const Index E = 24, H = 6, Dh = E / H, prefill = 20, L = prefill + 2;
+  for (const Index Hkv : {2, 3}) {
+    SCOPED_TRACE("Hkv = " + std::to_string(Hkv));
+    const MultiHeadAttention<T> mha =
+        make_module<T>({"gqa", E, H, Hkv, 0, RopeStyle::half, false, true}, random);  // no RoPE: keys are projections
+    const auto x = random.normal_tensor<T, 3>({1, L, E});
+    AttentionOptions<T> causal;
+    causal.causal = Causal::top_left;
+    const auto expected = test::module_by_hand(mha, x, x, x, causal);
+    auto cache = mha.make_cache(1);
+    EXPECT_TRUE(all_close(mha.step(rows(x, 0, prefill), cache), rows(expected, 0, prefill), default_tolerance<T>()));
+    for (Index t = prefill; t < L; ++t)
+      EXPECT_TRUE(all_close(mha.step(rows(x, t, t + 1), cache), rows(expected, t, t + 1), default_tolerance<T>()))
+          << "token " << t;
+    ASSERT_EQ(cache.keys().dim(1), Hkv);
+    EXPECT_EQ(cache.keys().dim(3), Dh);
+    EXPECT_GE(cache.capacity(), L);
+    const auto& p = mha.params();
+    for (Index g = 0; g < Hkv; ++g)
+      for (Index l = 0; l < L; ++l)
+        for (Index d = 0; d < Dh; ++d) {
+          const Index row = g * Dh + d;  // of the key and value projections
+          long double key = p.k_bias(row), value = p.v_bias(row);
+          for (Index e = 0; e < E; ++e) {
+            key += static_cast<long double>(x(0, l, e)) * p.k_weight(row, e);
+            value += static_cast<long double>(x(0, l, e)) * p.v_weight(row, e);
+          }
+          const double tolerance = default_tolerance<T>() * 10;  // relative to the projections, a few units
+          EXPECT_NEAR(cache.keys()(0, g, l, d), static_cast<T>(key), tolerance) << "plane " << g << ", token " << l;
+          EXPECT_NEAR(cache.values()(0, g, l, d), static_cast<T>(value), tolerance) << "plane " << g << ", token " << l;
+        }
+  }
 }
 
 // Sequences of different lengths decode together (right padding: new_tokens[b] real rows per step).
@@ -458,6 +491,73 @@ TEST(KVCacheErrors, BadPoliciesAndCrossAttentionModulesThrow) {
   expect_error<std::invalid_argument>([&] { mha.step(Tensor<float, 3>({1, 1, 8}), evicting, opts); },
                                       {"evicting cache policy"});
   EXPECT_EQ(evicting.length(), 0);
+}
+
+// ---- size limits: capacities whose bytes would wrap throw std::length_error, before allocating ----------------
+
+// A module of E = 512, 8 heads (Dh = 64): one token slot of keys and values is 2 * 8 * 64 * 4 = 4096 bytes, so the
+// cache holds at most (2^63 - 1) / 4096 = 2^51 - 1 tokens. keep_all(2^56) reported memory_bytes() == 0 (the count
+// wrapped) and the next step threw a bare std::bad_alloc; at 2^59 a std::length_error from vector::reserve.
+TEST(KVCacheSizeLimits, CapacityTooLargeForMemoryThrowsLengthError) {
+  MultiHeadAttentionConfig cfg;
+  cfg.embed_dim = 512;
+  cfg.num_heads = 8;
+  const MultiHeadAttention<float> mha(cfg);
+  const Index limit = (Index{1} << 51) - 1;
+  EXPECT_EQ(mha.make_cache(1).max_capacity(), limit);
+  for (const Index capacity : {Index{1} << 56, Index{1} << 59, limit + 1})
+    expect_error<std::length_error>([&] { mha.make_cache(1, CachePolicy::keep_all(capacity)); },
+                                    {"[KVCache]", "policy.capacity", std::to_string(capacity),
+                                     "(1, 8, " + std::to_string(capacity) + ", 64)", std::to_string(limit)});
+  // The window's slots are allocated at once: the same limit.
+  expect_error<std::length_error>([&] { mha.make_cache(1, CachePolicy::sliding_window(limit)); },
+                                  {"[KVCache]", "policy.window", std::to_string(limit)});
+  // A growing cache checks each growth: reserve and a step past the limit throw, and the cache stays empty.
+  auto cache = mha.make_cache(1);
+  expect_error<std::length_error>([&] { cache.reserve(Index{1} << 56); },
+                                  {"[KVCache::reserve]", "tokens", "72057594037927936", std::to_string(limit)});
+  EXPECT_EQ(cache.capacity(), 0);
+  EXPECT_EQ(cache.memory_bytes(), 0u);
+}
+
+// Capacity x head size x heads (x batch) overflowing Index itself, and S + W + 1 wrapping.
+TEST(KVCacheSizeLimits, ProductsThatWrapIndexThrowLengthError) {
+  const Index big = Index{1} << 31;
+  // Hkv * D * 2 * sizeof(S) = 2^62 * 16 bytes for one token slot: no capacity fits, not even a growing cache's.
+  expect_error<std::length_error>([&] { KVCache<double>(1, big, big); }, {"[KVCache]", "head_dim", "2147483648"});
+  // 2^20 heads of 2^20 dims: 2^44 bytes a slot, 2^19 - 1 slots at most; 2^30 (2^74 bytes) wrapped.
+  expect_error<std::length_error>(
+      [] { KVCache<float>(2, Index{1} << 20, Index{1} << 20, CachePolicy::keep_all(Index{1} << 30)); },
+      {"[KVCache]", "policy.capacity", "(2, 1048576, 1073741824, 1048576)", std::to_string((Index{1} << 19) - 1)});
+  // Batch 0 still counts as one sequence: its planes' strides multiply the other extents.
+  EXPECT_THROW(KVCache<float>(0, big, big), std::length_error);
+  const Index max = std::numeric_limits<Index>::max();
+  expect_error<std::length_error>([&] { KVCache<float>(1, 1, 4, CachePolicy::sliding_window(max)); },
+                                  {"[KVCache]", "policy.window", std::to_string(max)});
+  expect_error<std::length_error>([&] { KVCache<float>(1, 1, 4, CachePolicy::attention_sinks(max / 2 + 1, max / 2)); },
+                                  {"[KVCache]", "policy.window"});
+  // The per-sequence lengths and positions are allocated after the checks (a bad head count with a batch of 2^40
+  // asked for 16 TB first), and counted: 2^60 sequences of one bf16 head of dimension 1 fit a slot, not their lengths.
+  expect_error<std::invalid_argument>([] { KVCache<float>(Index{1} << 40, 0, 4); }, {"[KVCache]", "kv_heads"});
+  expect_error<std::length_error>([] { KVCache<float, bfloat16>(Index{1} << 60, 1, 1); },
+                                  {"[KVCache]", "batch", "1152921504606846976"});
+  // The sinks' own copies: 8 heads of 2^52 sink keys of 64 floats, 2^63 bytes.
+  expect_error<std::length_error>([] { KVCache<float>(1, 8, 64, CachePolicy::attention_sinks(Index{1} << 52, 16)); },
+                                  {"[KVCache]", "policy.sink_tokens", "4503599627370496"});
+}
+
+// The workspaces' sizes come from the inputs' extents too: the decode partials for a capacity of 2^59 keys
+// (what a step reserves for its cache) and a module buffer whose element count wraps.
+TEST(KVCacheSizeLimits, WorkspaceSizesThatWrapThrowLengthError) {
+  AttentionWorkspace<float> ws;
+  expect_error<std::length_error>([&] { ws.reserve_decode(8, 1, Index{1} << 59, 64); },
+                                  {"[AttentionWorkspace::reserve_decode]", "keys", "576460752303423488"});
+  EXPECT_NO_THROW(ws.reserve_decode(8, 1, 1024, 64));
+  std::vector<float> buffer;
+  expect_error<std::length_error>(
+      [&] { MhaWorkspace<float>::take(buffer, std::array<Index, 3>{Index{1} << 30, Index{1} << 30, 16}); },
+      {"[MhaWorkspace]", "shape", "(1073741824, 1073741824, 16)"});
+  EXPECT_TRUE(buffer.empty());
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <array>
 #include <cstdint>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -200,6 +201,68 @@ TEST(TensorErrors, NegativeExtentThrows) {
   EXPECT_THROW((Tensor<double, 3>({-1, 2, 3})), std::invalid_argument);
   float buffer[4] = {};
   EXPECT_THROW((TensorView<float, 2>(buffer, {-2, 2})), std::invalid_argument);
+}
+
+// ---- Size limits: counts, strides and offsets that would wrap throw std::length_error, before allocating -------
+
+// 2^62 floats: the element count fits in Index, but its 2^64 bytes wrapped to 0 and the zeroing wrote past a tiny
+// buffer (a segmentation fault). The limit is PTRDIFF_MAX bytes: 2^61 - 1 floats, (2^63 - 1) / 8 doubles.
+TEST(TensorSizeLimits, ShapeTooLargeForMemoryThrowsLengthError) {
+  const Index limit_float = detail::max_elements(sizeof(float)), limit_double = detail::max_elements(sizeof(double));
+  EXPECT_EQ(limit_float, (Index{1} << 61) - 1);
+  expect_error<std::length_error>([] { Tensor<float, 3>({1 << 20, 1 << 20, 1 << 22}); },
+                                  {"[Tensor]", "shape", "(1048576, 1048576, 4194304)", std::to_string(limit_float)});
+  // 2^64 elements wrap Index itself (to 0).
+  expect_error<std::length_error>([] { Tensor<double, 2>({Index{1} << 32, Index{1} << 32}); },
+                                  {"[Tensor]", "shape", "(4294967296, 4294967296)", std::to_string(limit_double)});
+  // No element, but the first row-major stride (2^80) would wrap.
+  expect_error<std::length_error>([] { Tensor<float, 3>({0, Index{1} << 40, Index{1} << 40}); }, {"[Tensor]", "shape"});
+  // A negative extent stays std::invalid_argument, checked first.
+  EXPECT_THROW((Tensor<float, 2>({-1, Index{1} << 62})), std::invalid_argument);
+}
+
+// A view allocates nothing: its shape may reach the limit exactly, one more element throws.
+TEST(TensorSizeLimits, ContiguousViewsUpToTheLimit) {
+  float buffer[4] = {};
+  const Index limit = detail::max_elements(sizeof(float));
+  EXPECT_EQ((TensorView<float, 1>(buffer, {limit})).size(), limit);
+  expect_error<std::length_error>([&] { TensorView<float, 1>(buffer, {limit + 1}); },
+                                  {"[TensorView]", "shape", std::to_string(limit + 1), std::to_string(limit)});
+  expect_error<std::length_error>([&] { TensorView<float, 2>(buffer, {Index{1} << 62, 4}); },
+                                  {"[TensorView]", "shape"});
+}
+
+// A strided view's last element, 1 + sum (dim - 1) * stride elements from its first, must be addressable: otherwise
+// its offsets (operator(), operator[], the kernels' row pointers) wrap.
+TEST(TensorSizeLimits, ViewWhoseOffsetsWrapThrowsLengthError) {
+  float buffer[8] = {};
+  const Index limit = detail::max_elements(sizeof(float));
+  // 1 + 2^62 + 2^62 + 3 wraps Index.
+  expect_error<std::length_error>(
+      [&] { TensorView<float, 3>(buffer, {2, 2, 4}, {Index{1} << 62, Index{1} << 62, 1}); },
+      {"[TensorView]", "strides", "(2, 2, 4)", "(4611686018427387904, 4611686018427387904, 1)", std::to_string(limit)});
+  // 2^61 + 4 floats fit in Index but not in bytes; the same span of bools does.
+  expect_error<std::length_error>([&] { TensorView<float, 2>(buffer, {2, 4}, {Index{1} << 61, 1}); },
+                                  {"[TensorView]", "strides"});
+  bool flags[8] = {};
+  EXPECT_NO_THROW((TensorView<bool, 2>(flags, {2, 4}, {Index{1} << 61, 1})));
+  // Stride 0 shows the same row again: a count beyond memory is fine for a view (up to PTRDIFF_MAX elements), not
+  // for a Tensor copied from it.
+  const TensorView<const float, 2> repeated(buffer, {Index{1} << 60, 4}, {0, 1});
+  EXPECT_EQ(repeated.size(), Index{1} << 62);
+  expect_error<std::length_error>([&] { Tensor<float, 2> copy(repeated); },
+                                  {"[Tensor]", "shape", "(1152921504606846976, 4)"});
+  expect_error<std::length_error>([&] { TensorView<float, 2>(buffer, {Index{1} << 62, 4}, {0, 1}); },
+                                  {"[TensorView]", "shape"});
+}
+
+// (2^62 + 1) * 4 wraps to 4: reshaping 4 elements to it passed the size comparison and made a view of 2^62 rows.
+TEST(TensorSizeLimits, ReshapeToAWrappingShapeThrowsLengthError) {
+  float buffer[4] = {};
+  const TensorView<float, 1> v(buffer, {4});
+  expect_error<std::length_error>([&] { v.reshape(std::array<Index, 2>{(Index{1} << 62) + 1, 4}); },
+                                  {"[TensorView::reshape]", "shape", "(4611686018427387905, 4)"});
+  EXPECT_EQ(v.reshape(std::array<Index, 2>{2, 2}).dim(0), 2);
 }
 
 // ---- TensorView -----------------------------------------------------------------------------------

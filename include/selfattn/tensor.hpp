@@ -7,6 +7,7 @@
 /// free (non-negative), which is what lets split_heads and permute be views instead of copies.
 #pragma once
 
+#include <selfattn/detail/checked_size.hpp>
 #include <selfattn/shape_error.hpp>
 
 #include <Eigen/Core>
@@ -41,6 +42,7 @@ std::string shape_string(const std::array<Index, Rank>& shape) {
   return text + ")";
 }
 
+/// The number of elements of a shape already checked (by a Tensor's or TensorView's constructor: it fits).
 template <int Rank>
 Index product(const std::array<Index, Rank>& shape) {
   Index n = 1;
@@ -67,6 +69,50 @@ void check_shape_valid(const std::array<Index, Rank>& shape) {
       throw std::invalid_argument("selfattn::Tensor: negative extent in shape " + shape_string<Rank>(shape));
 }
 
+/// The element count of a shape with no negative extent, checked: throws std::length_error naming `function`'s
+/// `argument`, the shape and `limit` when the product of its nonzero extents (so also its row-major strides)
+/// exceeds `limit` elements of `element_bytes` bytes.
+template <int Rank>
+Index checked_element_count(const char* function, const char* argument, const std::array<Index, Rank>& shape,
+                            Index limit, std::size_t element_bytes) {
+  return checked_product(shape, limit, [&] {
+    return size_limit_message(function, argument, shape_string<Rank>(shape) + " holds a number of elements that",
+                              limit, "elements of " + std::to_string(element_bytes) + " bytes");
+  });
+}
+
+/// Row-major strides of a shape given by the caller: negative extents throw std::invalid_argument, and a shape
+/// whose element count (or first stride) exceeds `limit` elements std::length_error, before any stride is computed.
+template <int Rank>
+std::array<Index, Rank> checked_row_major_strides(const char* function, const std::array<Index, Rank>& shape,
+                                                  Index limit, std::size_t element_bytes) {
+  check_shape_valid<Rank>(shape);
+  checked_element_count<Rank>(function, "shape", shape, limit, element_bytes);
+  return row_major_strides<Rank>(shape);
+}
+
+/// Elements from a view's first element to its last, 1 + sum_d (dim_d - 1) * stride_d, checked against `limit`
+/// before the view exists (its offsets are computed in Index and its pointers in bytes); 0 when empty. Extents and
+/// strides are non-negative.
+template <int Rank>
+Index checked_view_span(const std::array<Index, Rank>& shape, const std::array<Index, Rank>& strides, Index limit,
+                        std::size_t element_bytes) {
+  for (Index extent : shape)
+    if (extent == 0) return 0;
+  const auto message = [&] {
+    return size_limit_message("TensorView", "strides",
+                              "a view of shape " + shape_string<Rank>(shape) + " with strides " +
+                                  shape_string<Rank>(strides) + " spans a number of elements that",
+                              limit, "elements of " + std::to_string(element_bytes) + " bytes");
+  };
+  Index span = 1;
+  for (int d = 0; d < Rank; ++d) {
+    const auto du = static_cast<std::size_t>(d);
+    span = checked_add(span, checked_mul(shape[du] - 1, strides[du], limit, message), limit, message);
+  }
+  return span;
+}
+
 /// A braced shape or stride list, `{2, 4, 5}`, as a std::array; a list of another length than the rank does not
 /// compile (std::array would silently pad it with zeros: Tensor<float, 4>({2, 4, 5}) shaped (2, 4, 5, 0)).
 template <int Rank, std::size_t N>
@@ -91,9 +137,13 @@ void for_each_row(const std::array<Index, Rank>& shape, const std::array<std::ar
     int d = Rank - 2;  // odometer over every dimension but the last
     for (; d >= 0; --d) {
       const auto du = static_cast<std::size_t>(d);
-      for (std::size_t n = 0; n < N; ++n) offsets[n] += strides[n][du];
-      if (++at[du] < shape[du]) break;
-      for (std::size_t n = 0; n < N; ++n) offsets[n] -= shape[du] * strides[n][du];
+      // Step within the dimension or rewind it; never one past its end, whose offset may lie beyond the span.
+      if (at[du] + 1 < shape[du]) {
+        for (std::size_t n = 0; n < N; ++n) offsets[n] += strides[n][du];
+        ++at[du];
+        break;
+      }
+      for (std::size_t n = 0; n < N; ++n) offsets[n] -= at[du] * strides[n][du];
       at[du] = 0;
     }
     if (d < 0) return;
@@ -127,24 +177,33 @@ class TensorView {
   /// An empty view (null data, all extents 0): "absent" where a tensor is optional.
   TensorView() = default;
 
-  /// Wraps contiguous row-major memory. Throws std::invalid_argument for a negative extent.
-  TensorView(T* data, const Shape& shape) : TensorView(data, shape, detail::row_major_strides<Rank>(shape)) {}
+  /// Wraps contiguous row-major memory. Throws std::invalid_argument for a negative extent, std::length_error
+  /// for a shape of more than detail::max_elements(sizeof(T)) elements.
+  TensorView(T* data, const Shape& shape)
+      : TensorView(data, shape,
+                   detail::checked_row_major_strides<Rank>("TensorView", shape, element_limit, element_bytes)) {}
   /// Wraps contiguous row-major memory of a braced shape, `TensorView<float, 2>(p, {2, 3})`; a list of another
   /// length than Rank does not compile.
   template <std::size_t N>
   TensorView(T* data, const Index (&shape)[N]) : TensorView(data, detail::extent_list<Rank>(shape)) {}
 
   /// Wraps strided memory; `strides` in elements, the last one must be 1. Throws std::invalid_argument for a
-  /// negative extent or stride, or a last stride other than 1 (when the view has more than one element).
+  /// negative extent or stride, or a last stride other than 1 (when the view has more than one element);
+  /// std::length_error when the element count exceeds detail::max_object_size, or the elements from the first to
+  /// the last, 1 + sum_d (dim_d - 1) * stride_d, exceed detail::max_elements(sizeof(T)) (offsets would wrap).
   TensorView(T* data, const Shape& shape, const Shape& strides) : data_(data), shape_(shape), strides_(strides) {
     detail::check_shape_valid<Rank>(shape);
-    if (strides[Rank - 1] != 1 && detail::product<Rank>(shape) > 1)
+    // A stride 0 shows elements many times over: the count may exceed the memory's, up to what Index counts.
+    const Index count =
+        detail::checked_element_count<Rank>("TensorView", "shape", shape, detail::max_object_size, element_bytes);
+    if (strides[Rank - 1] != 1 && count > 1)
       throw std::invalid_argument("selfattn::TensorView: the last dimension must be contiguous (stride 1), got strides " +
                                   detail::shape_string<Rank>(strides));
     for (Index s : strides)
       if (s < 0)
         throw std::invalid_argument("selfattn::TensorView: strides must be non-negative, got " +
                                     detail::shape_string<Rank>(strides));
+    detail::checked_view_span<Rank>(shape, strides, element_limit, element_bytes);
     strides_[Rank - 1] = 1;
   }
   /// Wraps strided memory of a braced shape and strides; lists of another length than Rank do not compile.
@@ -236,13 +295,18 @@ class TensorView {
   TensorView<T, NewRank> reshape(const std::array<Index, N>& shape) const {
     if (!is_contiguous())
       throw std::invalid_argument("selfattn::TensorView::reshape: the view is not contiguous");
-    if (detail::product<NewRank>(shape) != size())
+    detail::check_shape_valid<NewRank>(shape);
+    if (detail::checked_element_count<NewRank>("TensorView::reshape", "shape", shape, detail::max_object_size,
+                                               element_bytes) != size())
       throw std::invalid_argument("selfattn::TensorView::reshape: cannot reshape " + detail::shape_string<Rank>(shape_) +
                                   " to " + detail::shape_string<NewRank>(shape));
     return TensorView<T, NewRank>(data_, shape);
   }
 
  private:
+  static constexpr std::size_t element_bytes = sizeof(T);
+  static constexpr Index element_limit = detail::max_elements(element_bytes);  // offsets in bytes must fit too
+
   T* data_ = nullptr;
   Shape shape_{};
   Shape strides_{};
@@ -340,19 +404,20 @@ class Tensor {
 
   /// An empty tensor (no storage, all extents 0): "absent" where a tensor is optional.
   Tensor() = default;
-  /// A zero-initialised tensor of this shape. Throws std::invalid_argument for a negative extent.
+  /// A zero-initialised tensor of this shape. Throws std::invalid_argument for a negative extent, and
+  /// std::length_error, before allocating, when the shape holds more than detail::max_elements(sizeof(T))
+  /// elements (PTRDIFF_MAX bytes).
   explicit Tensor(const Shape& shape) : shape_(shape) {
-    detail::check_shape_valid<Rank>(shape);
-    data_.reset(detail::allocate_tensor_storage<T>(static_cast<std::size_t>(size()), true));
+    data_.reset(detail::allocate_tensor_storage<T>(checked_count(shape), true));
   }
   /// A zero-initialised tensor of a braced shape, `Tensor<float, 4>({2, 4, 5, 8})`; a list of another length
   /// than Rank does not compile.
   template <std::size_t N>
   explicit Tensor(const Index (&shape)[N]) : Tensor(detail::extent_list<Rank>(shape)) {}
-  /// A contiguous copy of a view's elements.
+  /// A contiguous copy of a view's elements (std::length_error as above: a view with a stride 0 may show more
+  /// elements than memory holds).
   explicit Tensor(const TensorView<const T, Rank>& view) : shape_(view.shape()) {
-    detail::check_shape_valid<Rank>(shape_);
-    data_.reset(detail::allocate_tensor_storage<T>(static_cast<std::size_t>(size()), false));  // copy_from writes all
+    data_.reset(detail::allocate_tensor_storage<T>(checked_count(shape_), false));  // copy_from writes all
     copy_from(view);
   }
 
@@ -436,6 +501,13 @@ class Tensor {
   }
 
  private:
+  /// The element count of a shape to allocate, after the checks (negative extents, then the size limit).
+  static std::size_t checked_count(const Shape& shape) {
+    detail::check_shape_valid<Rank>(shape);
+    return static_cast<std::size_t>(
+        detail::checked_element_count<Rank>("Tensor", "shape", shape, detail::max_elements(sizeof(T)), sizeof(T)));
+  }
+
   std::unique_ptr<T, detail::TensorStorageDelete> data_;  // at detail::tensor_alignment
   Shape shape_{};
 };

@@ -37,6 +37,8 @@ struct AttentionWorkspace {
   /// \brief Room for the decode kernel's partials over up to `keys` keys: a loop whose key count grows (a KV
   /// cache) reserves once instead of growing every decode_chunk (256) keys. `pairs` (batch, key/value head)
   /// pairs, `rows` query rows per key/value head (G * Lq), values of `value_dim`.
+  /// Throws std::length_error naming the arguments when the partials' element count would exceed
+  /// detail::max_elements(sizeof(T)) (PTRDIFF_MAX bytes), before anything is allocated.
   void reserve_decode(Index pairs, Index rows, Index keys, Index value_dim) {
     decode.reserve(pairs, rows, keys, value_dim);
   }

@@ -3,7 +3,11 @@
 // The bytes choose a whole call: dtype, shapes (sometimes inconsistent on purpose), memory layouts (contiguous,
 // heads-interleaved like split_heads, padded rows), every option and mask (sometimes invalid on purpose). Then:
 //   - the reference kernel and the default (fused) kernel either both throw std::invalid_argument, or
-//   - both return, the output is finite, and the two agree (forward out and lse, backward dq, dk, dv, dbias).
+//   - both return, the output is finite, and the two agree (forward out and lse, backward dq, dk, dv, dbias);
+//   - and the reference agrees with the brute force of tests/support/brute_force.hpp (plain loops from the
+//     semantics, none of the library's mask or kernel code), so a bug in code the kernels share (the mask rule,
+//     the head mapping) is a finding too: lse and weights always, out and the gradients without dropout. It runs
+//     on the smaller cases only (brute_force_work): it costs as much as both kernels many times over.
 // Anything else (another exception, a NaN, a disagreement, a sanitizer report) aborts: a finding.
 //
 // run_case<double> is compiled in attention_fuzz_double.cpp, run_case<float> in attention_fuzz.cpp: two files that
@@ -11,6 +15,7 @@
 #pragma once
 
 #include "fuzz_input.hpp"
+#include "../support/brute_force.hpp"
 
 #include <selfattn/attention.hpp>
 
@@ -68,9 +73,11 @@ double tolerance() {
 }
 
 /// |a - e| <= tolerance * max(1, max |e|), with infinities equal only to themselves; NaN is always a finding.
+/// `names` says what is compared: "fused vs reference", "reference vs brute force".
 template <typename T, int Rank>
-void expect_close(const char* what, const Tensor<T, Rank>& actual, const Tensor<T, Rank>& expected) {
-  if (actual.shape() != expected.shape()) finding(std::string(what) + ": shapes differ between kernels");
+void expect_close(const char* what, const Tensor<T, Rank>& actual, const Tensor<T, Rank>& expected,
+                  const char* names = "fused vs reference") {
+  if (actual.shape() != expected.shape()) finding(std::string(what) + ": shapes differ (" + names + ")");
   double scale = 1.0;
   for (Index n = 0; n < expected.size(); ++n)
     if (std::isfinite(expected.data()[n])) scale = std::max(scale, std::abs(static_cast<double>(expected.data()[n])));
@@ -79,10 +86,16 @@ void expect_close(const char* what, const Tensor<T, Rank>& actual, const Tensor<
     if (std::isnan(a) || std::isnan(e)) finding(std::string(what) + ": NaN at flat index " + std::to_string(n));
     const bool same = (std::isinf(a) || std::isinf(e)) ? a == e : std::abs(a - e) <= tolerance<T>() * scale;
     if (!same)
-      finding(std::string(what) + ": fused " + std::to_string(a) + " vs reference " + std::to_string(e) +
+      finding(std::string(what) + ": " + names + ": " + std::to_string(a) + " vs " + std::to_string(e) +
               " at flat index " + std::to_string(n));
   }
 }
+
+/// The brute force's multiply-adds, B H Lq Lk (D + Dv), up to which a case is compared with it. Uncapped, it made
+/// the fuzzer several times slower (its first pass over the 1,421 corpus inputs took 215 s under ASan on this busy
+/// machine); at 2^16 it checks three quarters of the corpus for a sixteenth of the work. The mask rules and the
+/// head mapping show on small shapes as on large ones.
+constexpr long brute_force_work = 1L << 16;
 
 template <typename T, int Rank>
 void expect_finite(const char* what, const Tensor<T, Rank>& t) {
@@ -194,6 +207,15 @@ void run_case(FuzzInput& in) {
   expect_close("forward out", actual.out, expected.out);
   expect_close("forward lse", actual.lse, expected.lse);
   if (opts.need_weights) expect_finite("forward weights", actual.weights);
+  // The brute force has no dropout; lse and weights are before dropout, so they compare whatever the rate.
+  const bool brute_force = batch * heads * q_len * k_len * (dim + v_dim) <= brute_force_work;
+  const bool no_dropout = opts.dropout_p == T(0);
+  if (brute_force) {
+    const auto brute = test::brute_force_attention<T>(q.view, k.view, v.view, opts);
+    if (no_dropout) expect_close("forward out", expected.out, brute.out, "reference vs brute force");
+    expect_close("forward lse", expected.lse, brute.lse, "reference vs brute force");
+    if (opts.need_weights) expect_close("forward weights", expected.weights, brute.weights, "reference vs brute force");
+  }
 
   // --- backward: reference vs default kernel, on the reference forward's out and lse ---
   const auto dout = make_operand<T>(in, rng, {batch, heads, q_len, v_dim});
@@ -207,6 +229,12 @@ void run_case(FuzzInput& in) {
   expect_finite("backward dk", g_actual.dk);
   expect_finite("backward dv", g_actual.dv);
   expect_finite("backward dbias", g_actual.dbias);
+  if (!brute_force || !no_dropout) return;
+  const auto g_brute = test::brute_force_backward<T>(q.view, k.view, v.view, dout.view, opts);
+  expect_close("backward dq", g_expected.dq, g_brute.dq, "reference vs brute force");
+  expect_close("backward dk", g_expected.dk, g_brute.dk, "reference vs brute force");
+  expect_close("backward dv", g_expected.dv, g_brute.dv, "reference vs brute force");
+  expect_close("backward dbias", g_expected.dbias, g_brute.dbias, "reference vs brute force");
 }
 
 }  // namespace selfattn::fuzz::attention

@@ -14,6 +14,7 @@
 // Which kernel (reference, fused, decode) a public call runs is attention.hpp's choice (decode_suits).
 #pragma once
 
+#include <selfattn/detail/checked_size.hpp>
 #include <selfattn/detail/kernels.hpp>
 #include <selfattn/detail/decode_general.hpp>
 #include <selfattn/detail/decode_grouped.hpp>
@@ -26,7 +27,9 @@
 #include <selfattn/tensor.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -118,10 +121,23 @@ struct DecodeScratch {
 
   /// Room for the partials of calls over up to `keys` keys with `heads` (batch, key/value head) pairs of `rows`
   /// query rows each and values of `value_dim`: what a loop whose key count grows (a KV cache) reserves once.
+  /// Throws std::length_error naming the arguments when the partials would exceed detail::max_elements(sizeof(T)),
+  /// before anything is allocated; the counts are >= 0.
   void reserve(Index heads, Index rows, Index keys, Index value_dim) {
-    const Index lanes = ceil_div(rows, micro::packet_size<T>) * micro::packet_size<T>;
-    const Index chunks = std::max<Index>(1, ceil_div(keys, decode_chunk));
-    partials.reserve(static_cast<std::size_t>(heads * chunks * lanes * (value_dim + 2)));
+    const Index limit = max_elements(sizeof(T)), packet = micro::packet_size<T>;
+    const auto message = [&] {
+      return size_limit_message("AttentionWorkspace::reserve_decode", "pairs, rows, keys, value_dim",
+                                "the element count of the decode partials of (" + std::to_string(heads) + ", " +
+                                    std::to_string(rows) + ", " + std::to_string(keys) + ", " +
+                                    std::to_string(value_dim) + ")",
+                                limit, "elements");
+    };
+    // Rounded up without the wrap of ceil_div's a + b - 1 near Index's maximum.
+    const Index lanes = checked_mul(rows / packet + (rows % packet != 0), packet, limit, message);
+    const Index chunks = std::max<Index>(1, keys / decode_chunk + (keys % decode_chunk != 0));
+    const Index values = checked_add(value_dim, 2, limit, message);
+    const Index count = checked_product(std::array<Index, 4>{heads, chunks, lanes, values}, limit, message);
+    partials.reserve(static_cast<std::size_t>(count));
   }
 };
 

@@ -10,6 +10,7 @@
 /// MultiHeadAttention::step fills it; docs/decoding.md explains the policies and positions.
 #pragma once
 
+#include <selfattn/detail/checked_size.hpp>
 #include <selfattn/errors.hpp>
 #include <selfattn/half_precision.hpp>
 #include <selfattn/nn/module_workspace.hpp>
@@ -17,7 +18,9 @@
 #include <selfattn/tensor.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -72,11 +75,11 @@ class KVCache {
 
   /// An empty cache for `batch` sequences of `kv_heads` key/value heads of dimension `head_dim` (usually made
   /// by MultiHeadAttention::make_cache). Throws std::invalid_argument naming `batch` (< 0), `kv_heads` or
-  /// `head_dim` (< 1), or `policy.window`, `policy.sink_tokens`, `policy.capacity` when the policy is invalid.
+  /// `head_dim` (< 1), or `policy.window`, `policy.sink_tokens`, `policy.capacity` when the policy is invalid;
+  /// std::length_error naming the size (`policy.capacity`, `policy.window`, `policy.sink_tokens`, `head_dim`,
+  /// `batch`) when the planes at the policy's capacity would exceed max_capacity(). Nothing is allocated before.
   KVCache(Index batch, Index kv_heads, Index head_dim, const CachePolicy& policy = {})
-      : policy_(policy), batch_(batch), kv_heads_(kv_heads), head_dim_(head_dim),
-        lengths_(static_cast<std::size_t>(std::max<Index>(batch, 0)), 0),
-        seen_(static_cast<std::size_t>(std::max<Index>(batch, 0)), 0) {
+      : policy_(policy), batch_(batch), kv_heads_(kv_heads), head_dim_(head_dim) {
     const char* fn = "KVCache";
     if (batch < 0) detail::throw_invalid(fn, "batch", "expected >= 0, got " + std::to_string(batch));
     if (kv_heads < 1) detail::throw_invalid(fn, "kv_heads", "expected >= 1, got " + std::to_string(kv_heads));
@@ -86,10 +89,16 @@ class KVCache {
     if (policy.sink_tokens < 0 || (policy.sink_tokens > 0 && !policy.evicts()))
       detail::throw_invalid(fn, "policy.sink_tokens",
                             "expected 0, or >= 0 together with a window, got " + std::to_string(policy.sink_tokens));
+    check_window_size();
     if (policy.capacity < 0 || (policy.evicts() && policy.capacity != 0 && policy.capacity < window_slots()))
       detail::throw_invalid(fn, "policy.capacity",
                             "expected 0 (grow) or enough slots for the policy (" + std::to_string(window_slots()) +
                                 "), got " + std::to_string(policy.capacity));
+    max_capacity_ = checked_max_capacity();
+    check_capacity_fits();
+    check_sequences_fit();
+    lengths_.assign(static_cast<std::size_t>(batch), 0);
+    seen_ = lengths_;
     allocate(policy.capacity > 0 ? policy.capacity : 0);
   }
 
@@ -109,6 +118,9 @@ class KVCache {
   TensorView<const S, 4> keys() const { return keys_; }
   /// Values, (B, Hkv, capacity, D).
   TensorView<const S, 4> values() const { return values_; }
+  /// The most token slots per sequence the cache can hold: its keys, values and sink keys together at most
+  /// detail::max_object_size (PTRDIFF_MAX) bytes. A fixed or windowed capacity above it throws when constructed.
+  Index max_capacity() const { return max_capacity_; }
   /// Bytes held for keys, values and the copies of the sinks' keys as first rotated: what the policy bounds.
   std::size_t memory_bytes() const {
     return sizeof(S) * static_cast<std::size_t>(keys_.size() + values_.size()) +
@@ -125,16 +137,22 @@ class KVCache {
 
   /// \brief Room for `tokens` tokens per sequence: grows the planes (doubling; to the fixed capacity; or, under
   /// an evicting policy, to its S + W + 1 slots at once), keeping every cached token. Throws
-  /// std::invalid_argument naming `tokens` when a fixed capacity is too small.
+  /// std::invalid_argument naming `tokens` when a fixed capacity is too small, std::length_error naming it when the
+  /// planes of that many tokens would exceed detail::max_object_size bytes (max_capacity()).
   /// If it throws (or runs out of memory), the cache is unchanged.
   void reserve(Index tokens) {
     if (!fits(tokens))
       detail::throw_invalid("KVCache::reserve", "tokens", "a fixed capacity of " + std::to_string(policy_.capacity) +
                                                              " tokens cannot hold " + std::to_string(tokens));
+    if (tokens > max_capacity_)
+      throw std::length_error(detail::size_limit_message("KVCache::reserve", "tokens",
+                                                         std::to_string(tokens) + " tokens of " + planes_text("tokens"),
+                                                         max_capacity_, "tokens"));
     if (tokens <= capacity()) return;
+    // Doubling cannot wrap: a slot takes 2 * sizeof(S) >= 4 bytes, so max_capacity_ is a quarter of Index's range.
     const Index grown = policy_.capacity > 0 ? policy_.capacity
                         : policy_.evicts()   ? std::max(tokens, window_slots())
-                                             : std::max(tokens, 2 * capacity());
+                                             : std::max(tokens, std::min(2 * capacity(), max_capacity_));
     Tensor<S, 4> keys({batch_, kv_heads_, grown, head_dim_}), values({batch_, kv_heads_, grown, head_dim_});
     for (Index b = 0; b < batch_; ++b)
       for (Index h = 0; h < kv_heads_; ++h) {
@@ -163,8 +181,11 @@ class KVCache {
     detail::check_shape<3>(fn, "keys", keys.shape(), {kv_heads_, detail::any_extent, head_dim_});
     detail::check_shape<3>(fn, "values", values.shape(), {kv_heads_, keys.dim(1), head_dim_});
     Index& length = lengths_[static_cast<std::size_t>(b)];
-    const Index n = keys.dim(1);
-    reserve(length + n);
+    const Index n = keys.dim(1);  // a view of stride 0 may show more rows than memory holds: the sum is checked
+    reserve(detail::checked_add(length, n, detail::max_object_size, [&] {
+      return detail::size_limit_message(fn, "keys", std::to_string(length) + " cached tokens plus " + std::to_string(n),
+                                        detail::max_object_size, "tokens");
+    }));
     for (Index h = 0; h < kv_heads_; ++h)
       for (Index l = 0; l < n; ++l) {
         const Index slot = length + l;
@@ -207,6 +228,68 @@ class KVCache {
  private:
   // With a window, a sequence holds at most S + W tokens between appends and one more during a step.
   Index window_slots() const { return policy_.sink_tokens + policy_.window + 1; }
+
+  /// "keys and values of shape (B, Hkv, <tokens>, D)": what a size error is about.
+  std::string planes_text(const std::string& tokens) const {
+    return "keys and values of shape (" + std::to_string(batch_) + ", " + std::to_string(kv_heads_) + ", " + tokens +
+           ", " + std::to_string(head_dim_) + ")";
+  }
+
+  /// Throws std::length_error naming `policy.window` when S + W + 1 (window_slots) wraps.
+  void check_window_size() const {
+    if (!policy_.evicts()) return;
+    detail::checked_add(policy_.sink_tokens, policy_.window, detail::max_object_size - 1, [&] {
+      return detail::size_limit_message("KVCache", "policy.window",
+                                        "sink_tokens + window + 1 = " + std::to_string(policy_.sink_tokens) + " + " +
+                                            std::to_string(policy_.window) + " + 1",
+                                        detail::max_object_size, "token slots");
+    });
+  }
+
+  /// The most token slots per sequence whose keys and values, 2 * B * Hkv * slots * D * sizeof(S) bytes, plus
+  /// the sinks' keys, B * Hkv * sink_tokens * D * sizeof(T) bytes, fit in detail::max_object_size bytes. Throws
+  /// std::length_error naming `head_dim` when not even one slot does, `policy.sink_tokens` when the sinks do not.
+  /// B counts as 1 at least: an empty batch's planes still have strides that multiply the other extents.
+  Index checked_max_capacity() const {
+    const Index limit = detail::max_object_size, rows = std::max<Index>(batch_, 1);
+    const Index slot_bytes = detail::checked_product(
+        std::array<Index, 4>{rows, kv_heads_, head_dim_, static_cast<Index>(2 * sizeof(S))}, limit, [&] {
+          return detail::size_limit_message("KVCache", "head_dim",
+                                            "one token slot of " + planes_text("1") + ", in bytes,", limit, "bytes");
+        });
+    const std::array<Index, 5> sinks{rows, kv_heads_, policy_.sink_tokens, head_dim_, static_cast<Index>(sizeof(T))};
+    const Index sink_bytes = detail::checked_product(sinks, limit, [&] {
+      return detail::size_limit_message("KVCache", "policy.sink_tokens",
+                                        std::to_string(policy_.sink_tokens) + " sink keys of " + planes_text("1") +
+                                            ", in bytes,",
+                                        limit, "bytes");
+    });
+    return (limit - sink_bytes) / slot_bytes;
+  }
+
+  /// Throws std::length_error naming `batch` when the per-sequence lengths and positions (two Index each) would
+  /// exceed detail::max_object_size bytes: the planes' check bounds B * Hkv * D * 2 * sizeof(S), as little as 4 B.
+  void check_sequences_fit() const {
+    detail::checked_mul(batch_, 2 * static_cast<Index>(sizeof(Index)), detail::max_object_size, [&] {
+      return detail::size_limit_message("KVCache", "batch",
+                                        std::to_string(batch_) + " sequences' lengths and positions, in bytes,",
+                                        detail::max_object_size, "bytes");
+    });
+  }
+
+  /// Throws std::length_error naming `policy.capacity` (or `policy.window`, whose slots are allocated at once)
+  /// when the cache's planes at that capacity would exceed max_capacity().
+  void check_capacity_fits() const {
+    const bool fixed = policy_.capacity > 0;
+    if (!fixed && !policy_.evicts()) return;  // grows as tokens arrive: reserve checks each growth
+    const Index slots = fixed ? policy_.capacity : window_slots();
+    if (slots <= max_capacity_) return;
+    throw std::length_error(detail::size_limit_message(
+        "KVCache", fixed ? "policy.capacity" : "policy.window",
+        "a capacity of " + std::to_string(slots) + " token slots (" + planes_text(std::to_string(slots)) +
+            ", sinks' keys included)",
+        max_capacity_, "token slots"));
+  }
 
   void allocate(Index capacity) {
     keys_ = Tensor<S, 4>({batch_, kv_heads_, capacity, head_dim_});
@@ -253,6 +336,7 @@ class KVCache {
 
   CachePolicy policy_;
   Index batch_, kv_heads_, head_dim_;
+  Index max_capacity_ = 0;  // token slots per sequence that fit in memory's limit: checked_max_capacity()
   Tensor<S, 4> keys_, values_;
   Tensor<T, 4> sink_keys_;  // the sinks' keys as first rotated (at their own positions), in T, see evict()
   std::vector<T> rotated_sink_;  // one sink key re-rotated in T before it is stored (evict)

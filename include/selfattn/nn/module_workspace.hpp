@@ -4,6 +4,7 @@
 /// every KVCache holds one for `step_into`.
 #pragma once
 
+#include <selfattn/detail/checked_size.hpp>
 #include <selfattn/options.hpp>
 #include <selfattn/projection.hpp>
 #include <selfattn/tensor.hpp>
@@ -11,6 +12,7 @@
 
 #include <array>
 #include <cstddef>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -52,11 +54,17 @@ struct MhaWorkspace {
   AttentionWorkspace<T> attention;         ///< the kernels' scratch
   ///@}
 
-  /// A contiguous view of `shape` over `buffer`, grown (never shrunk) to hold it.
+  /// A contiguous view of `shape` over `buffer`, grown (never shrunk) to hold it. The shapes are computed from the
+  /// inputs' extents (B * L * (E + 2 Hkv Dh), say): throws std::length_error naming the shape when its element count
+  /// exceeds detail::max_elements(sizeof(T)), before the buffer grows.
   template <std::size_t N>
   static TensorView<T, static_cast<int>(N)> take(std::vector<T>& buffer, const std::array<Index, N>& shape) {
-    Index size = 1;
-    for (Index extent : shape) size *= extent;
+    const Index limit = detail::max_elements(sizeof(T));
+    const Index size = detail::checked_product(shape, limit, [&] {
+      const std::string text = detail::shape_string<static_cast<int>(N)>(shape) + " holds a number of elements that";
+      return detail::size_limit_message("MhaWorkspace", "shape", text, limit,
+                                        "elements of " + std::to_string(sizeof(T)) + " bytes");
+    });
     if (buffer.size() < static_cast<std::size_t>(size)) buffer.resize(static_cast<std::size_t>(size));
     return TensorView<T, static_cast<int>(N)>(buffer.data(), shape);
   }
