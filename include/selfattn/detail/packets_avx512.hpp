@@ -18,6 +18,12 @@ namespace selfattn::detail::packets_avx512 {
 
 inline constexpr int registers = 32;
 
+// Every mask of 16 lanes set. The intrinsics below that would pass _mm512_undefined_*() through (max, min, the shift,
+// the casts to 128 and 256 bits) are written in a form that does not: zero-masking under this mask, extracts of part
+// 0, _mm512_cvtss_f32. The same results, without GCC 12's -Wmaybe-uninitialized on the self-initialised undefined value
+// once inlined into a kernel (GCC bug 105593), which diagnostic pragmas around the kernels do not silence.
+inline constexpr __mmask16 all_lanes = static_cast<__mmask16>(0xffff);
+
 template <typename T>
 struct packet_traits {
   using type = T;  // only float has packets here: the dispatched kernels are the float ones
@@ -67,8 +73,8 @@ inline __m512 psub(const __m512& a, const __m512& b) { return _mm512_sub_ps(a, b
 inline __m512 pmul(const __m512& a, const __m512& b) { return _mm512_mul_ps(a, b); }
 inline __m512 pmadd(const __m512& a, const __m512& b, const __m512& c) { return _mm512_fmadd_ps(a, b, c); }
 // Arguments swapped as Eigen swaps them, for std::max's NaN behaviour.
-inline __m512 pmax(const __m512& a, const __m512& b) { return _mm512_max_ps(b, a); }
-inline __m512 pmin(const __m512& a, const __m512& b) { return _mm512_min_ps(b, a); }
+inline __m512 pmax(const __m512& a, const __m512& b) { return _mm512_maskz_max_ps(all_lanes, b, a); }
+inline __m512 pmin(const __m512& a, const __m512& b) { return _mm512_maskz_min_ps(all_lanes, b, a); }
 inline __m512 pabs(const __m512& a) {
   return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32(0x7fffffff)));
 }
@@ -86,10 +92,10 @@ inline __m512 pselect(const __m512& mask, const __m512& a, const __m512& b) {
   const __mmask16 zero = _mm512_cmp_epi32_mask(_mm512_castps_si512(mask), _mm512_setzero_si512(), _MM_CMPINT_EQ);
   return _mm512_mask_blend_ps(zero, a, b);
 }
-inline float pfirst(const __m512& a) { return _mm_cvtss_f32(_mm512_castps512_ps128(a)); }
+inline float pfirst(const __m512& a) { return _mm512_cvtss_f32(a); }
 inline float predux(const __m512& a) {
   // Eigen's order under AVX512DQ: the two 256-bit halves added, then Packet8f's predux.
-  const __m256 half = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+  const __m256 half = _mm256_add_ps(_mm512_extractf32x8_ps(a, 0), _mm512_extractf32x8_ps(a, 1));
   const __m128 quarter = _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
   const __m128 pair = _mm_add_ps(quarter, _mm_movehl_ps(quarter, quarter));
   return _mm_cvtss_f32(_mm_add_ss(pair, _mm_shuffle_ps(pair, pair, 1)));
@@ -106,7 +112,7 @@ inline Target preinterpret(const Source& a) {
 }
 template <int N>
 inline __m512i plogical_shift_left(const __m512i& a) {
-  return _mm512_slli_epi32(a, N);
+  return _mm512_maskz_slli_epi32(all_lanes, a, N);
 }
 /// Declared only, for the text of double kernels that the dispatched levels never instantiate.
 template <typename P>
