@@ -1,4 +1,4 @@
-// Tests of the decode kernel's grouped path (detail/decode_grouped.hpp, the query rows of a key/value head
+// Tests of the decode kernel's grouped path (detail/kernels/decode_grouped.inc, the query rows of a key/value head
 // in SIMD lanes) and streaming path (one to a few rows per key/value head, vectorised over D) against the
 // reference kernel: random shapes over every group size, head dims that are and are
 // not whole packets, 1 to 4 query rows, key counts around the chunk edges, per-batch key lengths, windows,

@@ -1,12 +1,13 @@
 // Tests of cpu.hpp and detail/dispatch.hpp: the CPU detection and its SELFATTN_ISA override, that a call runs the
-// level cpu_info() reports, and the fused float kernels of every level this CPU has against the float64 reference
-// and against each other, called level by level in one process.
+// level cpu_info() reports, and the fused float kernels and the decode kernel's fast paths of every level this CPU
+// has against the float64 reference and against each other, called level by level in one process.
 //
-// The other kernel tests run at every level too: ctest runs fused_test and fast_paths_test once more per level under
-// SELFATTN_ISA (tests/CMakeLists.txt). Built once more with -march=native (dispatch_native_test), the generic level is
+// The other kernel tests run at every level too: ctest runs fused_test, fast_paths_test, decode_kernel_test and
+// half_precision_test once more per level under SELFATTN_ISA (tests/CMakeLists.txt). Built once more with -march=native (dispatch_native_test), the generic level is
 // Eigen's AVX-512 packets, and the avx512 level must then give bitwise the same results.
 #include <selfattn/attention.hpp>
 #include <selfattn/cpu.hpp>
+#include <selfattn/detail/decode.hpp>
 #include <selfattn/detail/dispatch.hpp>
 
 #include "support/random.hpp"
@@ -212,6 +213,105 @@ TEST(Dispatch, EveryLevelOfThisCpuMatchesTheReference) {
 #endif
   }
 }
+
+/// A decode step: few query rows over several chunks of keys stored as KV, and its float64 reference.
+template <typename KV>
+struct DecodeProblem {
+  Tensor<float, 4> q;
+  Tensor<KV, 4> k, v;
+  AttentionOptions<float> opts;
+  Tensor<double, 4> out64;
+};
+
+template <typename KV>
+DecodeProblem<KV> make_decode_problem(std::uint64_t seed) {
+  test::Random random(seed);
+  const Index batch = random.integer(1, 2), kv_heads = random.integer(1, 2), heads = kv_heads * random.integer(1, 4);
+  const Index q_len = random.integer(1, 3), k_len = random.integer(1, 900), dim = random.integer(1, 80);
+  DecodeProblem<KV> p;
+  p.q = random.normal_tensor<float, 4>({batch, heads, q_len, dim});
+  const Tensor<float, 4> k = random.normal_tensor<float, 4>({batch, kv_heads, k_len, dim});
+  const Tensor<float, 4> v = random.normal_tensor<float, 4>({batch, kv_heads, k_len, dim});
+  p.k = Tensor<KV, 4>(k.shape());
+  p.v = Tensor<KV, 4>(v.shape());
+  for (Index n = 0; n < k.size(); ++n) p.k.data()[n] = static_cast<KV>(k.data()[n]);
+  for (Index n = 0; n < v.size(); ++n) p.v.data()[n] = static_cast<KV>(v.data()[n]);
+  const int mask = static_cast<int>(seed % 3);
+  if (mask == 1) p.opts.causal = Causal::bottom_right;
+  if (mask == 2) p.opts.window_left = random.integer(0, 300);
+  AttentionOptions<double> opts64;
+  opts64.causal = p.opts.causal;
+  opts64.window_left = p.opts.window_left;
+  opts64.kernel = Kernel::reference;
+  // The reference on the values the kernels see: the 16-bit ones widened exactly.
+  const auto exact = [](const auto& x) {
+    Tensor<double, 4> y(x.shape());
+    for (Index n = 0; n < x.size(); ++n) y.data()[n] = static_cast<double>(static_cast<float>(x.data()[n]));
+    return y;
+  };
+  p.out64 = sdpa_forward(exact(p.q), exact(p.k), exact(p.v), opts64).out;
+  return p;
+}
+
+/// The grouped (streaming = false) or streaming path of one level: run(params, outputs, scratch).
+template <typename KV, typename Run>
+Tensor<float, 4> decode_at_level(const DecodeProblem<KV>& p, Run run) {
+  const AttentionParams<float, KV> params = detail::make_stored_params<float, KV>(p.q.view(), p.k.view(), p.v.view(), p.opts);
+  Tensor<float, 4> out(p.q.shape());
+  Tensor<float, 3> lse({p.q.dim(0), p.q.dim(1), p.q.dim(2)});
+  detail::DecodeScratch<float> scratch;
+  run(params, ForwardOutputs<float>{out.view(), lse.view(), TensorView<float, 4>()}, scratch);
+  return out;
+}
+
+template <typename KV>
+void check_decode_levels(double tolerance) {
+  for (std::uint64_t seed = 1; seed <= 18; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const DecodeProblem<KV> p = make_decode_problem<KV>(seed);
+    for (const bool streaming : {false, true}) {
+      SCOPED_TRACE(streaming ? "streaming" : "grouped");
+      const auto generic = [&](const auto& params, const auto& outputs, auto& scratch) {
+        if (streaming) return detail::run_decode<detail::StreamingDecode<float, KV>>(params, outputs, scratch);
+        detail::run_decode<detail::GroupedDecode<float, KV>>(params, outputs, scratch);
+      };
+      const Tensor<float, 4> reference = decode_at_level(p, generic);
+      EXPECT_LT(relative_error(reference, p.out64), tolerance) << "generic";
+#if SELFATTN_DISPATCH_X86
+      if (cpu_info().best >= Isa::avx2) {
+        const auto avx2 = [&](const auto& params, const auto& outputs, auto& scratch) {
+          if (streaming)
+            return detail::isa_avx2::run_decode<detail::isa_avx2::StreamingDecode<float, KV>>(params, outputs, scratch);
+          detail::isa_avx2::run_decode<detail::isa_avx2::GroupedDecode<float, KV>>(params, outputs, scratch);
+        };
+        const Tensor<float, 4> result = decode_at_level(p, avx2);
+        EXPECT_LT(relative_error(result, p.out64), tolerance) << "avx2";
+        EXPECT_TRUE(bitwise_equal(result, decode_at_level(p, avx2))) << "avx2: two runs differ";
+      }
+      if (cpu_info().best >= Isa::avx512) {
+        const auto avx512 = [&](const auto& params, const auto& outputs, auto& scratch) {
+          if (streaming)
+            return detail::isa_avx512::run_decode<detail::isa_avx512::StreamingDecode<float, KV>>(params, outputs,
+                                                                                                  scratch);
+          detail::isa_avx512::run_decode<detail::isa_avx512::GroupedDecode<float, KV>>(params, outputs, scratch);
+        };
+        const Tensor<float, 4> result = decode_at_level(p, avx512);
+        EXPECT_LT(relative_error(result, p.out64), tolerance) << "avx512";
+        EXPECT_TRUE(bitwise_equal(result, decode_at_level(p, avx512))) << "avx512: two runs differ";
+#if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__FMA__)
+        EXPECT_TRUE(bitwise_equal(result, reference)) << "avx512 and the -march=native generic level differ";
+#endif
+      }
+#endif
+    }
+  }
+}
+
+TEST(Dispatch, EveryLevelsDecodePathsMatchTheReference) { check_decode_levels<float>(2e-5); }
+
+TEST(Dispatch, EveryLevelsDecodePathsMatchTheReferenceOnBfloat16Caches) { check_decode_levels<bfloat16>(2e-5); }
+
+TEST(Dispatch, EveryLevelsDecodePathsMatchTheReferenceOnFloat16Caches) { check_decode_levels<float16>(2e-5); }
 
 }  // namespace
 }  // namespace selfattn

@@ -1,6 +1,6 @@
 // selfattn/detail/decode_general.hpp — the general decode path: any mask, bias, ALiBi or dropout, each chunk's two
-// products through Eigen. The fast paths (decode_grouped.hpp, decode_streaming.hpp) take the calls without
-// per-element masks or dropout; this one takes the rest. Chunks and their merge: decode.hpp.
+// products through Eigen. The fast paths (kernels/decode_grouped.inc, kernels/decode_streaming.inc) take the calls
+// without per-element masks or dropout; this one takes the rest. Chunks and their merge: kernels/decode_driver.inc.
 #pragma once
 
 #include <selfattn/detail/kernels.hpp>
@@ -17,7 +17,7 @@
 
 namespace selfattn::detail {
 
-/// The general path as decode.hpp's driver runs it. Partials are row-major: acc (R, Dv). KV: the storage type of
+/// The general path as the generic level's driver (kernels/decode_driver.inc) runs it. Partials are row-major: acc (R, Dv). KV: the storage type of
 /// keys and values; 16-bit ones are widened a chunk at a time into the thread's scratch before the products.
 template <typename T, typename KV = T>
 struct GeneralDecode {

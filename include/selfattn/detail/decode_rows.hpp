@@ -1,7 +1,7 @@
-// selfattn/detail/decode_rows.hpp — what the three decode paths (decode_general.hpp, decode_grouped.hpp,
-// decode_streaming.hpp) share: the query rows of one (batch, key/value head) with their masks, and the partial
+// selfattn/detail/decode_rows.hpp — what the three decode paths (decode_general.hpp, kernels/decode_grouped.inc,
+// kernels/decode_streaming.inc) share: the query rows of one (batch, key/value head) with their masks, and the partial
 // result a path writes for one chunk of keys. The driver that cuts the keys into chunks, runs a path on each and
-// merges the partials is decode.hpp.
+// merges the partials is kernels/decode_driver.inc.
 //
 // Decoding computes few query rows over many keys: every key and value row of a key/value head serves the
 // R = G * Lq query rows of its group (G = H / Hkv query heads, Lq rows each), so the decode kernel works per

@@ -11,6 +11,8 @@
 // runs is decided in one place, dispatch.hpp. docs/dispatch.md explains the design and its measurements.
 #pragma once
 
+#include <selfattn/detail/decode_rows.hpp>
+#include <selfattn/detail/decode_scratch.hpp>
 #include <selfattn/detail/fused_scratch.hpp>
 #include <selfattn/detail/isa_target.hpp>
 #include <selfattn/detail/mask.hpp>
@@ -43,9 +45,41 @@
 #include <selfattn/detail/packets_avx512.hpp>
 #endif
 
+namespace selfattn::detail {
+/// The 16-bit widening instructions a level's kernels may use (kernels/widen.inc).
+struct Widening {
+  bool avx512 = false;  ///< 16 lanes: vpmovzxwd + vpslld (bfloat16), vcvtph2ps (float16)
+  bool avx2 = false;    ///< 8 lanes of bfloat16
+  bool f16c = false;    ///< 8 or 4 lanes of float16
+  bool sse2 = false;    ///< 4 lanes of bfloat16
+};
+}  // namespace selfattn::detail
+
 // The generic level: Eigen's packets at the translation unit's flags.
 namespace selfattn::detail {
 namespace vec = ::Eigen::internal;
+inline constexpr Widening widening{
+#if defined(EIGEN_VECTORIZE_AVX512)
+    true,
+#else
+    false,
+#endif
+#if defined(EIGEN_VECTORIZE_AVX2)
+    true,
+#else
+    false,
+#endif
+#if defined(__F16C__)
+    true,
+#else
+    false,
+#endif
+#if defined(EIGEN_VECTORIZE_SSE2)
+    true,
+#else
+    false,
+#endif
+};
 /// This level's namespace, for calls the arguments' namespace (selfattn::detail) would make ambiguous.
 namespace level = ::selfattn::detail;
 /// Vector registers the micro-kernels may plan for (kernels/microkernels.inc).
@@ -61,8 +95,11 @@ namespace selfattn::detail::isa_avx2 {
 namespace vec = ::selfattn::detail::packets_avx2;
 namespace level = ::selfattn::detail::isa_avx2;
 inline constexpr int vector_registers = vec::registers;
+inline constexpr Widening widening{false, true, true, true};
 namespace micro {
 using ::selfattn::detail::micro::Buffer;
+using ::selfattn::detail::micro::GroupedQueries;
+using ::selfattn::detail::micro::StreamingQueries;
 }  // namespace micro
 #include <selfattn/detail/kernels/all.inc>
 }  // namespace selfattn::detail::isa_avx2
@@ -75,8 +112,11 @@ namespace selfattn::detail::isa_avx512 {
 namespace vec = ::selfattn::detail::packets_avx512;
 namespace level = ::selfattn::detail::isa_avx512;
 inline constexpr int vector_registers = vec::registers;
+inline constexpr Widening widening{true, true, true, true};
 namespace micro {
 using ::selfattn::detail::micro::Buffer;
+using ::selfattn::detail::micro::GroupedQueries;
+using ::selfattn::detail::micro::StreamingQueries;
 }  // namespace micro
 #include <selfattn/detail/kernels/all.inc>
 }  // namespace selfattn::detail::isa_avx512
