@@ -1,10 +1,12 @@
 // Tests of cpu.hpp and detail/dispatch.hpp: the CPU detection and its SELFATTN_ISA override, that a call runs the
-// level cpu_info() reports, and the fused float kernels and the decode kernel's fast paths of every level this CPU
-// has against the float64 reference and against each other, called level by level in one process.
+// level cpu_info() reports, and the fused float kernels, the decode kernel's fast paths and the few-row projection
+// of every level this CPU has against the float64 reference and against each other, called level by level in one
+// process.
 //
-// The other kernel tests run at every level too: ctest runs fused_test, fast_paths_test, decode_kernel_test and
-// half_precision_test once more per level under SELFATTN_ISA (tests/CMakeLists.txt). Built once more with -march=native (dispatch_native_test), the generic level is
-// Eigen's AVX-512 packets, and the avx512 level must then give bitwise the same results.
+// The other kernel tests run at every level too: ctest runs fused_test, fast_paths_test, decode_kernel_test,
+// half_precision_test and projection_test once more per level under SELFATTN_ISA (tests/CMakeLists.txt). Built once
+// more with -march=native (dispatch_native_test), the generic level is Eigen's AVX-512 packets, and the avx512 level
+// must then give bitwise the same results.
 #include <selfattn/attention.hpp>
 #include <selfattn/cpu.hpp>
 #include <selfattn/detail/decode.hpp>
@@ -15,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -312,6 +315,109 @@ TEST(Dispatch, EveryLevelsDecodePathsMatchTheReference) { check_decode_levels<fl
 TEST(Dispatch, EveryLevelsDecodePathsMatchTheReferenceOnBfloat16Caches) { check_decode_levels<bfloat16>(2e-5); }
 
 TEST(Dispatch, EveryLevelsDecodePathsMatchTheReferenceOnFloat16Caches) { check_decode_levels<float16>(2e-5); }
+
+/// A decode step's projection: a few rows of x times W^T (+ b), W and b stored as S, and its float64 reference.
+template <typename S>
+struct FewRowsProblem {
+  Tensor<float, 2> x;
+  Tensor<S, 2> weight;
+  Tensor<S, 1> bias;
+  Tensor<float, 2> weight_as_float;  // the same values as `weight`, stored as float
+  Tensor<float, 1> bias_as_float;
+  Tensor<double, 2> y64;
+};
+
+template <typename S>
+FewRowsProblem<S> make_few_rows_problem(std::uint64_t seed) {
+  test::Random random(seed);
+  const Index rows = random.integer(1, detail::few_rows_max), in = random.integer(1, 300),
+              out = random.integer(1, 200);
+  FewRowsProblem<S> p;
+  p.x = random.normal_tensor<float, 2>({rows, in});
+  const Tensor<float, 2> w = random.normal_tensor<float, 2>({out, in});
+  const Tensor<float, 1> b = random.normal_tensor<float, 1>({out});
+  p.weight = Tensor<S, 2>(w.shape());
+  p.bias = Tensor<S, 1>(b.shape());
+  p.weight_as_float = Tensor<float, 2>(w.shape());
+  p.bias_as_float = Tensor<float, 1>(b.shape());
+  for (Index n = 0; n < w.size(); ++n) {
+    p.weight.data()[n] = static_cast<S>(w.data()[n]);
+    p.weight_as_float.data()[n] = static_cast<float>(p.weight.data()[n]);
+  }
+  for (Index n = 0; n < b.size(); ++n) {
+    p.bias.data()[n] = static_cast<S>(b.data()[n]);
+    p.bias_as_float.data()[n] = static_cast<float>(p.bias.data()[n]);
+  }
+  p.y64 = Tensor<double, 2>({rows, out});
+  for (Index r = 0; r < rows; ++r)
+    for (Index o = 0; o < out; ++o) {
+      double sum = p.bias_as_float(o);
+      for (Index i = 0; i < in; ++i) sum += static_cast<double>(p.x(r, i)) * p.weight_as_float(o, i);
+      p.y64(r, o) = sum;
+    }
+  return p;
+}
+
+/// y = x W^T + b by one level's linear_few_rows: run(x_rows, y_rows, rows, in, weight, bias).
+template <typename W, typename Run>
+Tensor<float, 2> few_rows_at_level(const Tensor<float, 2>& x, const Tensor<W, 2>& weight, const Tensor<W, 1>& bias,
+                                   Run run) {
+  Tensor<float, 2> y({x.dim(0), weight.dim(0)});
+  std::array<const float*, detail::few_rows_max> x_rows{};
+  std::array<float*, detail::few_rows_max> y_rows{};
+  for (Index r = 0; r < x.dim(0); ++r) {
+    x_rows[static_cast<std::size_t>(r)] = x.data() + r * x.dim(1);
+    y_rows[static_cast<std::size_t>(r)] = y.data() + r * y.dim(1);
+  }
+  run(x_rows, y_rows, x.dim(0), x.dim(1), TensorView<const W, 2>(weight), TensorView<const W, 1>(bias));
+  return y;
+}
+
+bool bitwise_equal(const Tensor<float, 2>& a, const Tensor<float, 2>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), sizeof(float) * static_cast<std::size_t>(a.size())) == 0;
+}
+
+/// Each level's few-row projection against the float64 reference, run twice bitwise, and with the weights stored as
+/// S bitwise equal to the same values stored as float (the widening is exact and the order of the sums the same).
+template <typename S>
+void check_few_rows_levels() {
+  for (std::uint64_t seed = 1; seed <= 24; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const FewRowsProblem<S> p = make_few_rows_problem<S>(seed);
+    const auto check = [&](const char* name, auto run) {
+      const Tensor<float, 2> y = few_rows_at_level(p.x, p.weight, p.bias, run);
+      double error = 0, scale = 1;
+      for (Index n = 0; n < y.size(); ++n) {
+        error = std::max(error, std::abs(static_cast<double>(y.data()[n]) - p.y64.data()[n]));
+        scale = std::max(scale, std::abs(p.y64.data()[n]));
+      }
+      EXPECT_LT(error / scale, 1e-5) << name;
+      EXPECT_TRUE(bitwise_equal(y, few_rows_at_level(p.x, p.weight, p.bias, run))) << name << ": two runs differ";
+      EXPECT_TRUE(bitwise_equal(y, few_rows_at_level(p.x, p.weight_as_float, p.bias_as_float, run)))
+          << name << ": the stored weights and the same values in float differ";
+      return y;
+    };
+    const Tensor<float, 2> generic =
+        check("generic", [](auto&&... a) { detail::linear_few_rows<float>(a...); });
+#if SELFATTN_DISPATCH_X86
+    if (cpu_info().best >= Isa::avx2) check("avx2", [](auto&&... a) { detail::isa_avx2::linear_few_rows<float>(a...); });
+    if (cpu_info().best >= Isa::avx512) {
+      const Tensor<float, 2> avx512 =
+          check("avx512", [](auto&&... a) { detail::isa_avx512::linear_few_rows<float>(a...); });
+#if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__FMA__)
+      EXPECT_TRUE(bitwise_equal(avx512, generic)) << "avx512 and the -march=native generic level differ";
+#endif
+    }
+#endif
+    static_cast<void>(generic);
+  }
+}
+
+TEST(Dispatch, EveryLevelsFewRowProjectionMatchesTheReference) { check_few_rows_levels<float>(); }
+
+TEST(Dispatch, EveryLevelsFewRowProjectionMatchesTheReferenceOnBfloat16Weights) { check_few_rows_levels<bfloat16>(); }
+
+TEST(Dispatch, EveryLevelsFewRowProjectionMatchesTheReferenceOnFloat16Weights) { check_few_rows_levels<float16>(); }
 
 }  // namespace
 }  // namespace selfattn

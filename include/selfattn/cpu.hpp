@@ -200,7 +200,8 @@ inline std::vector<std::pair<std::string, std::string>> kernels_at(Isa selected,
           {"bfloat16 attention", bf16_products ? "vdpbf16ps dot products (where compiled in: -mavx512bf16)"
                                                : "widened to float, " + vector_kernel},
           {"decode kernel, grouped and streaming paths (float, 16-bit caches)", vector_kernel},
-          {"decode kernel's general path, few-row projections, linear backward (Eigen GEMM)", generic}};
+          {"few-row projections (a decode step's, float or 16-bit weights)", vector_kernel},
+          {"decode kernel's general path, linear backward (Eigen GEMM)", generic}};
 }
 
 /// The detection and the override, resolved.

@@ -6,7 +6,6 @@
 #pragma once
 
 #include <selfattn/detail/dispatch.hpp>
-#include <selfattn/detail/linear_widened.hpp>
 #include <selfattn/errors.hpp>
 #include <selfattn/half_precision.hpp>
 #include <selfattn/tensor.hpp>
@@ -132,9 +131,10 @@ struct StackedProjection {
 };
 
 /// linear_into with W (Out, In) and b (Out) or empty stored as W: T, or 16 bits with x and y in T = float. A few rows
-/// (fewer than fused_projection_min_rows: a decode step) read W in place (linear_few_rows: bound by memory, threads
-/// sharing the outputs; with 16-bit weights half the bytes, and bitwise the result of float weights of the same
-/// values); more rows run Eigen's GEMM (linear_into), 16-bit W and b first widened once into `scratch`.
+/// (fewer than fused_projection_min_rows: a decode step) read W in place (linear_few_rows at the selected level:
+/// bound by memory, threads sharing the outputs; with 16-bit weights half the bytes, and bitwise the result of float
+/// weights of the same values); more rows run the GEMM (linear_into), 16-bit W and b first widened once into
+/// `scratch`.
 template <typename T, typename W>
 void linear_into_stored(const TensorView<const T, 3>& x, const TensorView<const W, 2>& weight,
                         const TensorView<const W, 1>& bias, const TensorView<T, 3>& y, StackedProjection<T>& scratch) {
@@ -150,7 +150,7 @@ void linear_into_stored(const TensorView<const T, 3>& x, const TensorView<const 
       x_rows[static_cast<std::size_t>(r)] = x.data() + b * x.stride(0) + l * x.stride(1);
       y_rows[static_cast<std::size_t>(r)] = y.data() + b * y.stride(0) + l * y.stride(1);
     }
-    linear_few_rows<T, W>(x_rows, y_rows, rows, x.dim(2), weight, bias);
+    linear_few_rows_at_level<T, W>(x_rows, y_rows, rows, x.dim(2), weight, bias);
     return;
   }
   if constexpr (std::is_same_v<W, T>) {

@@ -9,13 +9,16 @@
 //   decode         the grouped and streaming paths of the decode kernel (float, 16-bit K and V widened as read) at
 //                  the selected level; the general path (masks, dropout: Eigen's products) as compiled
 //   linear         y = x W^T + b in float at a dispatched level above the compiler's flags: that level's GEMM
-//                  (kernels/gemm.inc); otherwise (generic, -march reaching the level, double) Eigen's, as compiled
+//                  (kernels/gemm.inc); otherwise (generic, -march reaching the level, double) Eigen's, as compiled;
+//                  for a few rows (a decode step's projections, weights of T or 16 bits) linear_few_rows at the
+//                  selected level
 #pragma once
 
 #include <selfattn/cpu.hpp>
 #include <selfattn/detail/kernels.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <type_traits>
 
@@ -166,6 +169,24 @@ void decode_fast_path(bool streaming, const AttentionParams<T, KV>& p, const For
     static_cast<void>(level);
     if (streaming) return run_decode<StreamingDecode<T, KV>>(p, result, scratch);
     return run_decode<GroupedDecode<T, KV>>(p, result, scratch);
+  });
+}
+
+/// y_r = x_r W^T + b for a few rows (kernels/linear_few_rows.inc) at the selected level: W and b stored as S (T, or
+/// 16 bits widened to T = float).
+template <typename T, typename S>
+void linear_few_rows_at_level(const std::array<const T*, few_rows_max>& x_rows,
+                              const std::array<T*, few_rows_max>& y_rows, Index rows, Index in,
+                              const TensorView<const S, 2>& weight, const TensorView<const S, 1>& bias) {
+  at_kernel_level<T>([&](auto level) {
+#if SELFATTN_DISPATCH_X86
+    if constexpr (std::is_same_v<decltype(level), avx512_tag>)
+      return isa_avx512::linear_few_rows<T, S>(x_rows, y_rows, rows, in, weight, bias);
+    if constexpr (std::is_same_v<decltype(level), avx2_tag>)
+      return isa_avx2::linear_few_rows<T, S>(x_rows, y_rows, rows, in, weight, bias);
+#endif
+    static_cast<void>(level);
+    return linear_few_rows<T, S>(x_rows, y_rows, rows, in, weight, bias);
   });
 }
 

@@ -53,6 +53,9 @@ struct Widening {
   bool f16c = false;    ///< 8 or 4 lanes of float16
   bool sse2 = false;    ///< 4 lanes of bfloat16
 };
+
+/// The most rows linear_few_rows takes (kernels/linear_few_rows.inc: its row pointers live on the stack).
+inline constexpr Index few_rows_max = 16;
 }  // namespace selfattn::detail
 
 // The generic level: Eigen's packets at the translation unit's flags.
