@@ -332,11 +332,12 @@ void cache_case(FuzzInput& in) {
 }
 
 /// AttentionWorkspace::reserve_decode of fuzzed counts >= 0: the partials hold pairs * chunks * lanes * (Dv + 2)
-/// elements, chunks = ceil(keys / decode_chunk) (at least 1), lanes = rows rounded up to the packet size.
+/// elements, chunks = ceil(keys / decode_chunk) (at least 1), lanes = rows rounded up to the widest packet of any
+/// level (DecodeScratch::decode_lanes_multiple, 16 floats), whichever level runs.
 void decode_workspace_case(FuzzInput& in) {
   std::array<Index, 4> counts = extents<4>(in);  // pairs, rows, keys, value_dim
   for (Index& c : counts) c = std::max<Index>(c, 0);
-  const Index packet = detail::micro::packet_size<float>, chunk = detail::decode_chunk;
+  const Index packet = detail::DecodeScratch<float>::decode_lanes_multiple, chunk = detail::decode_chunk;
   const Index lanes = mul(counts[1] / packet + (counts[1] % packet != 0), packet);
   const Index chunks = std::max<Index>(1, counts[2] / chunk + (counts[2] % chunk != 0));
   const std::array<Index, 4> partials{counts[0], chunks, lanes, add(counts[3], 2)};

@@ -62,13 +62,16 @@ struct DecodeScratch {
     return std::get<std::vector<typename Path::Queries>>(queries);
   }
 
+  /// Rows of the partials are rounded up to this many lanes: the widest packet of any level (16 floats), so every
+  /// level's lanes fit whichever level runs.
+  static constexpr Index decode_lanes_multiple = 16;
+
   /// Room for the partials of calls over up to `keys` keys with `heads` (batch, key/value head) pairs of `rows`
   /// query rows each and values of `value_dim`: what a loop whose key count grows (a KV cache) reserves once.
   /// Throws std::length_error naming the arguments when the partials would exceed detail::max_elements(sizeof(T)),
   /// before anything is allocated; the counts are >= 0.
   void reserve(Index heads, Index rows, Index keys, Index value_dim) {
-    // Rows rounded up to the widest packet of any level (16 floats), so every level's lanes fit.
-    const Index limit = max_elements(sizeof(T)), packet = 16;
+    const Index limit = max_elements(sizeof(T)), packet = decode_lanes_multiple;
     const auto message = [&] {
       return size_limit_message("AttentionWorkspace::reserve_decode", "pairs, rows, keys, value_dim",
                                 "the element count of the decode partials of (" + std::to_string(heads) + ", " +
