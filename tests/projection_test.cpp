@@ -1,5 +1,6 @@
-// tests/projection_test.cpp — linear (y = x W^T + b) against a brute-force triple loop on contiguous and
-// strided inputs (both GEMM paths), detail::fused_qkv_projection against three linear calls, and errors.
+// tests/projection_test.cpp — linear (y = x W^T + b) and linear_backward against brute-force loops on contiguous
+// and strided inputs (both GEMM paths), detail::fused_qkv_projection against three linear calls, and errors. ctest
+// runs it once more per instruction-set level (SELFATTN_ISA), so the dispatched GEMMs are held to the same loops.
 #include <selfattn/projection.hpp>
 
 #include "support/compare.hpp"
@@ -114,6 +115,64 @@ TYPED_TEST(ProjectionTest, LinearOnUnevenBatchStrideRunsPerBatchGemms) {
     const Tensor<T, 1> bias = random.normal_tensor<T, 1>(std::array<Index, 1>{s.out});
     EXPECT_TRUE(all_close(linear<T>(x, w, bias), brute_force_linear<T>(x, w, bias), default_tolerance<T>()));
     EXPECT_TRUE(all_close(linear<T>(x, w), brute_force_linear<T>(x, w, {}), default_tolerance<T>()));
+  }
+}
+
+// dx = dy W, dW = dy^T x (summed over B and L), db = sum dy, accumulated in long double.
+template <typename T>
+LinearGradients<T> brute_force_linear_backward(const TensorView<const T, 3>& x, const TensorView<const T, 2>& w,
+                                               const TensorView<const T, 3>& dy) {
+  const Index batch = x.dim(0), length = x.dim(1), in = x.dim(2), out = w.dim(0);
+  LinearGradients<T> g{Tensor<T, 3>(x.shape()), Tensor<T, 2>(w.shape()), Tensor<T, 1>(std::array<Index, 1>{out})};
+  for (Index b = 0; b < batch; ++b)
+    for (Index l = 0; l < length; ++l)
+      for (Index i = 0; i < in; ++i) {
+        long double sum = 0;
+        for (Index o = 0; o < out; ++o) sum += static_cast<long double>(dy(b, l, o)) * w(o, i);
+        g.dx(b, l, i) = static_cast<T>(sum);
+      }
+  for (Index o = 0; o < out; ++o) {
+    long double bias_sum = 0;
+    for (Index i = 0; i < in; ++i) {
+      long double sum = 0;
+      for (Index b = 0; b < batch; ++b)
+        for (Index l = 0; l < length; ++l) sum += static_cast<long double>(dy(b, l, o)) * x(b, l, i);
+      g.dweight(o, i) = static_cast<T>(sum);
+    }
+    for (Index b = 0; b < batch; ++b)
+      for (Index l = 0; l < length; ++l) bias_sum += dy(b, l, o);
+    g.dbias(o) = static_cast<T>(bias_sum);
+  }
+  return g;
+}
+
+TYPED_TEST(ProjectionTest, LinearBackwardMatchesBruteForceOnContiguousAndStridedInputs) {
+  using T = TypeParam;
+  Random random(103);
+  std::vector<LinearShape> shapes = linear_shapes();
+  shapes.push_back({2, 300, 70, 130});  // several depth blocks of the dW product (L > 128) and column panels
+  shapes.push_back({1, 257, 512, 64});
+  for (const LinearShape& s : shapes) {
+    SCOPED_TRACE(describe(s));
+    // x a column block of a wider buffer with an uneven batch stride, W a column block too, dy contiguous.
+    const Index rows = s.length + 1, width = s.in + 3;
+    const Tensor<T, 3> buffer = random.normal_tensor<T, 3>({s.batch, rows, width});
+    const TensorView<const T, 3> strided_x(buffer.data() + 1, {s.batch, s.length, s.in}, {rows * width, width, 1});
+    const Tensor<T, 2> weight_buffer = random.normal_tensor<T, 2>({s.out, s.in + 2});
+    const TensorView<const T, 2> strided_w(weight_buffer.data() + 2, {s.out, s.in}, {s.in + 2, 1});
+    const Tensor<T, 3> dy = random.normal_tensor<T, 3>({s.batch, s.length, s.out});
+    const Tensor<T, 3> x = random.normal_tensor<T, 3>({s.batch, s.length, s.in});
+    const Tensor<T, 2> w = random.normal_tensor<T, 2>({s.out, s.in});
+    for (const bool strided : {false, true}) {
+      SCOPED_TRACE(strided ? "strided x and W" : "contiguous");
+      const TensorView<const T, 3> xv = strided ? strided_x : TensorView<const T, 3>(x);
+      const TensorView<const T, 2> wv = strided ? strided_w : TensorView<const T, 2>(w);
+      const LinearGradients<T> g = linear_backward<T>(xv, wv, dy, true);
+      const LinearGradients<T> expected = brute_force_linear_backward<T>(xv, wv, dy);
+      EXPECT_TRUE(all_close(g.dx, expected.dx, default_tolerance<T>()));
+      EXPECT_TRUE(all_close(g.dweight, expected.dweight, default_tolerance<T>()));
+      EXPECT_TRUE(all_close(g.dbias, expected.dbias, default_tolerance<T>()));
+    }
   }
 }
 

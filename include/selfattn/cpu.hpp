@@ -195,13 +195,14 @@ inline std::vector<std::pair<std::string, std::string>> kernels_at(Isa selected,
                                                             : generic;
   const bool linear_dispatched = std::min(selected, Isa::avx512) > compiled_level();
   return {{"fused forward and backward, float", vector_kernel},
-          {"linear layers (projections, FFN), float", linear_dispatched ? vector_kernel : "Eigen's GEMM, as compiled"},
+          {"linear layers (projections, FFN) and their backward, float",
+           linear_dispatched ? vector_kernel : "Eigen's GEMM, as compiled"},
           {"fused forward and backward, double", generic},
           {"bfloat16 attention", bf16_products ? "vdpbf16ps dot products (where compiled in: -mavx512bf16)"
                                                : "widened to float, " + vector_kernel},
           {"decode kernel, grouped and streaming paths (float, 16-bit caches)", vector_kernel},
           {"few-row projections (a decode step's, float or 16-bit weights)", vector_kernel},
-          {"decode kernel's general path, linear backward (Eigen GEMM)", generic}};
+          {"decode kernel's general path (Eigen's products)", generic}};
 }
 
 /// The detection and the override, resolved.

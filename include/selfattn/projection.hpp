@@ -95,12 +95,22 @@ LinearGradients<T> linear_backward(const TensorView<const T, 3>& x, const Tensor
   if (with_bias) g.dbias = Tensor<T, 1>(std::array<Index, 1>{weight.dim(0)});
   const auto w = as_matrix(weight);
   auto dweight = as_matrix(g.dweight);
+  const Index length = x.dim(1), in = x.dim(2), out = weight.dim(0);
   for (Index b = 0; b < x.dim(0); ++b) {
     const auto x_b = as_matrix(x[b]);
     const auto dy_b = as_matrix(dy[b]);
-    as_matrix(g.dx[b]).noalias() = dy_b * w;          // dX = dY W
+    const T* x_data = x.data() + b * x.stride(0);
+    const T* dy_data = dy.data() + b * dy.stride(0);
+    // dX = dY W: the dispatched GEMM reads W as (W^T)^T in place (detail/dispatch.hpp), else Eigen's.
+    if (!detail::gemm_at_level<T>(length, in, out, {dy_data, dy.stride(1), dy.stride(2)},
+                                  {weight.data(), weight.stride(1), weight.stride(0)}, nullptr, g.dx[b].data(), in,
+                                  false))
+      as_matrix(g.dx[b]).noalias() = dy_b * w;
     if (x_b.allFinite()) {
-      dweight.noalias() += dy_b.transpose() * x_b;    // dW = dY^T X
+      // dW += dY^T X: dY^T and X^T read in place; g.dweight starts at zero, so the first batch entry may add.
+      if (!detail::gemm_at_level<T>(out, in, length, {dy_data, dy.stride(2), dy.stride(1)},
+                                    {x_data, x.stride(2), x.stride(1)}, nullptr, g.dweight.data(), in, true))
+        dweight.noalias() += dy_b.transpose() * x_b;
     } else {
       // A row of x holding inf or NaN whose dY row is 0 (a masked-out key, say) contributes nothing, but the
       // GEMM would add 0 * NaN = NaN: such rows are left out of the sum (docs/numerics.md).

@@ -8,7 +8,8 @@
 //                  (fused_forward_bf16.hpp) only where bfloat16_products() says they are the faster path
 //   decode         the grouped and streaming paths of the decode kernel (float, 16-bit K and V widened as read) at
 //                  the selected level; the general path (masks, dropout: Eigen's products) as compiled
-//   linear         y = x W^T + b in float at a dispatched level above the compiler's flags: that level's GEMM
+//   linear         y = x W^T + b in float, and its backward's dx = dy W and dW = dy^T x (operands read through
+//                  strides, StridedMatrix), at a dispatched level above the compiler's flags: that level's GEMM
 //                  (kernels/gemm.inc); otherwise (generic, -march reaching the level, double) Eigen's, as compiled;
 //                  for a few rows (a decode step's projections, weights of T or 16 bits) linear_few_rows at the
 //                  selected level
@@ -124,29 +125,39 @@ void fused_backward(const AttentionParams<T>& p, const BackwardTensors<T>& g, Fu
   });
 }
 
-/// y (rows, out) = x (rows, depth) W^T + b at the dispatched level; false, doing nothing, where the caller's Eigen
-/// GEMM is at least as wide (the generic level, a build whose flags reach the selected level, double): the caller
-/// then runs Eigen's. Rows ld* elements apart, elements contiguous; bias null or (out).
+/// y (rows, out) (+)= x (rows, depth) W^T + b at the dispatched level, x and W (out, depth) read through strides
+/// (StridedMatrix: a transposed operand without a copy), y's rows ldy apart, bias null or (out); accumulate adds to
+/// y. False, doing nothing, where the caller's Eigen GEMM is at least as wide (the generic level, a build whose flags
+/// reach the selected level, double): the caller then runs Eigen's.
 template <typename T>
-bool linear_at_level([[maybe_unused]] Index rows, [[maybe_unused]] Index out, [[maybe_unused]] Index depth,
-                     [[maybe_unused]] const T* x, [[maybe_unused]] Index ldx, [[maybe_unused]] const T* w,
-                     [[maybe_unused]] Index ldw, [[maybe_unused]] const T* bias, [[maybe_unused]] T* y,
-                     [[maybe_unused]] Index ldy) {
+bool gemm_at_level([[maybe_unused]] Index rows, [[maybe_unused]] Index out, [[maybe_unused]] Index depth,
+                   [[maybe_unused]] const StridedMatrix<T>& x, [[maybe_unused]] const StridedMatrix<T>& w,
+                   [[maybe_unused]] const T* bias, [[maybe_unused]] T* y, [[maybe_unused]] Index ldy,
+                   [[maybe_unused]] bool accumulate) {
   if (std::min(cpu_info().selected, Isa::avx512) <= compiled_level()) return false;
   return at_kernel_level<T>([&](auto level) {
 #if SELFATTN_DISPATCH_X86
     if constexpr (std::is_same_v<decltype(level), avx512_tag>) {
-      isa_avx512::linear_rows(rows, out, depth, x, ldx, w, ldw, bias, y, ldy);
+      isa_avx512::gemm_strided(rows, out, depth, x, w, bias, y, ldy, accumulate);
       return true;
     }
     if constexpr (std::is_same_v<decltype(level), avx2_tag>) {
-      isa_avx2::linear_rows(rows, out, depth, x, ldx, w, ldw, bias, y, ldy);
+      isa_avx2::gemm_strided(rows, out, depth, x, w, bias, y, ldy, accumulate);
       return true;
     }
 #endif
     static_cast<void>(level);
     return false;
   });
+}
+
+/// y (rows, out) = x (rows, depth) W^T + b at the dispatched level (gemm_at_level), rows ld* elements apart and
+/// elements contiguous; false where the caller runs Eigen's GEMM.
+template <typename T>
+bool linear_at_level(Index rows, Index out, Index depth, const T* x, Index ldx, const T* w, Index ldw, const T* bias,
+                     T* y, Index ldy) {
+  return gemm_at_level<T>(rows, out, depth, StridedMatrix<T>{x, ldx, 1}, StridedMatrix<T>{w, ldw, 1}, bias, y, ldy,
+                          false);
 }
 
 /// The decode kernel's grouped path (streaming = false) or streaming path over keys and values stored as KV, at the

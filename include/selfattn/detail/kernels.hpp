@@ -54,6 +54,15 @@ struct Widening {
   bool sse2 = false;    ///< 4 lanes of bfloat16
 };
 
+/// A matrix operand of the GEMM (kernels/gemm.inc) read in place through two strides: element (i, k) at
+/// data[i * rows + k * depth], so that a row-major matrix (rows = ld, depth = 1) and its transpose (rows = 1,
+/// depth = ld) are both read without a copy.
+template <typename T>
+struct StridedMatrix {
+  const T* data;
+  Index rows, depth;
+};
+
 /// The most rows linear_few_rows takes (kernels/linear_few_rows.inc: its row pointers live on the stack).
 inline constexpr Index few_rows_max = 16;
 }  // namespace selfattn::detail
