@@ -129,7 +129,8 @@ Problem make_problem(std::uint64_t seed) {
 }
 
 /// max |x - expected| / max(1, max |expected|).
-double relative_error(const Tensor<float, 4>& x, const Tensor<double, 4>& expected) {
+template <int Rank>
+double relative_error(const Tensor<float, Rank>& x, const Tensor<double, Rank>& expected) {
   double error = 0, scale = 1;
   for (Index n = 0; n < x.size(); ++n) {
     error = std::max(error, std::abs(static_cast<double>(x.data()[n]) - expected.data()[n]));
@@ -159,7 +160,8 @@ LevelResult run_level(const Problem& p, Forward forward, Backward backward) {
   return r;
 }
 
-bool bitwise_equal(const Tensor<float, 4>& a, const Tensor<float, 4>& b) {
+template <int Rank>
+bool bitwise_equal(const Tensor<float, Rank>& a, const Tensor<float, Rank>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), sizeof(float) * static_cast<std::size_t>(a.size())) == 0;
 }
 
@@ -259,7 +261,8 @@ DecodeProblem<KV> make_decode_problem(std::uint64_t seed) {
 /// The grouped (streaming = false) or streaming path of one level: run(params, outputs, scratch).
 template <typename KV, typename Run>
 Tensor<float, 4> decode_at_level(const DecodeProblem<KV>& p, Run run) {
-  const AttentionParams<float, KV> params = detail::make_stored_params<float, KV>(p.q.view(), p.k.view(), p.v.view(), p.opts);
+  const AttentionParams<float, KV> params =
+      detail::make_stored_params<float, KV>(p.q.view(), p.k.view(), p.v.view(), p.opts);
   Tensor<float, 4> out(p.q.shape());
   Tensor<float, 3> lse({p.q.dim(0), p.q.dim(1), p.q.dim(2)});
   detail::DecodeScratch<float> scratch;
@@ -373,10 +376,6 @@ Tensor<float, 2> few_rows_at_level(const Tensor<float, 2>& x, const Tensor<W, 2>
   return y;
 }
 
-bool bitwise_equal(const Tensor<float, 2>& a, const Tensor<float, 2>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), sizeof(float) * static_cast<std::size_t>(a.size())) == 0;
-}
-
 /// Each level's few-row projection against the float64 reference, run twice bitwise, and with the weights stored as
 /// S bitwise equal to the same values stored as float (the widening is exact and the order of the sums the same).
 template <typename S>
@@ -386,12 +385,7 @@ void check_few_rows_levels() {
     const FewRowsProblem<S> p = make_few_rows_problem<S>(seed);
     const auto check = [&](const char* name, auto run) {
       const Tensor<float, 2> y = few_rows_at_level(p.x, p.weight, p.bias, run);
-      double error = 0, scale = 1;
-      for (Index n = 0; n < y.size(); ++n) {
-        error = std::max(error, std::abs(static_cast<double>(y.data()[n]) - p.y64.data()[n]));
-        scale = std::max(scale, std::abs(p.y64.data()[n]));
-      }
-      EXPECT_LT(error / scale, 1e-5) << name;
+      EXPECT_LT(relative_error(y, p.y64), 1e-5) << name;
       EXPECT_TRUE(bitwise_equal(y, few_rows_at_level(p.x, p.weight, p.bias, run))) << name << ": two runs differ";
       EXPECT_TRUE(bitwise_equal(y, few_rows_at_level(p.x, p.weight_as_float, p.bias_as_float, run)))
           << name << ": the stored weights and the same values in float differ";
@@ -400,7 +394,8 @@ void check_few_rows_levels() {
     const Tensor<float, 2> generic =
         check("generic", [](auto&&... a) { detail::linear_few_rows<float>(a...); });
 #if SELFATTN_DISPATCH_X86
-    if (cpu_info().best >= Isa::avx2) check("avx2", [](auto&&... a) { detail::isa_avx2::linear_few_rows<float>(a...); });
+    if (cpu_info().best >= Isa::avx2)
+      check("avx2", [](auto&&... a) { detail::isa_avx2::linear_few_rows<float>(a...); });
     if (cpu_info().best >= Isa::avx512) {
       const Tensor<float, 2> avx512 =
           check("avx512", [](auto&&... a) { detail::isa_avx512::linear_few_rows<float>(a...); });

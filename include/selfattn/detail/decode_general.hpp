@@ -17,8 +17,8 @@
 
 namespace selfattn::detail {
 
-/// The general path as the generic level's driver (kernels/decode_driver.inc) runs it. Partials are row-major: acc (R, Dv). KV: the storage type of
-/// keys and values; 16-bit ones are widened a chunk at a time into the thread's scratch before the products.
+/// The general path as the generic level's driver (kernels/decode_driver.inc) runs it. Partials are row-major:
+/// acc (R, Dv). KV: the storage type of keys and values; 16-bit ones are widened a chunk at a time into the thread's scratch before the products.
 template <typename T, typename KV = T>
 struct GeneralDecode {
   using Queries = RowMajorMatrix<T>;  // (R, D), the rows' queries (unscaled, as the reference multiplies)
