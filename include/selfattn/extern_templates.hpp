@@ -82,6 +82,9 @@
   KEYWORD void detail::decode_forward<T>(const detail::AttentionParams<T>&, const detail::ForwardOutputs<T>&);       \
   KEYWORD void detail::linear_into<T>(const TensorView<const T, 3>&, const TensorView<const T, 2>&,                \
                                       const TensorView<const T, 1>&, const TensorView<T, 3>&);                     \
+  KEYWORD void detail::linear_into_stored<T, T>(const TensorView<const T, 3>&, const TensorView<const T, 2>&,     \
+                                               const TensorView<const T, 1>&, const TensorView<T, 3>&,            \
+                                               detail::StackedProjection<T>&);                                    \
   KEYWORD Tensor<T, 3> detail::fused_qkv_projection<T>(const TensorView<const T, 3>&,                              \
                                                        const std::array<TensorView<const T, 2>, 3>&,              \
                                                        const std::array<TensorView<const T, 1>, 3>&);             \
