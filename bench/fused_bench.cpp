@@ -7,9 +7,9 @@
 //   BM_fused_forward/N/D:d/causal:c/threads:t      sdpa_forward (fused kernel: opts.kernel = automatic)
 //   BM_reference_forward/N/D:d/causal:c/threads:t  the same with opts.kernel = Kernel::reference (N <= 4096)
 //   BM_fused_forward_bf16/N/D:d/causal:c/threads:t sdpa_forward on bfloat16 q, k, v (N <= 4096): both products on
-//                                                  the BF16 dot-product instruction where the build's target has it
-//                                                  (-march=native on a CPU with avx512_bf16), else float arithmetic
-//                                                  on the widened inputs; out rounded to bfloat16
+//                                                  the BF16 dot-product instruction where the run-time dispatch
+//                                                  chooses it (docs/dispatch.md), else float arithmetic on the
+//                                                  widened inputs; out rounded to bfloat16
 //   BM_fused_forward_into, _into_bf16              sdpa_forward_into on float / bfloat16 inputs with one workspace
 //                                                  and output kept across calls: no allocation in the timed loop
 //   BM_eigen_forward_gemms/N/D:d/threads:t         per head S = Q K^T, O = S V with Eigen, nothing else
@@ -17,7 +17,8 @@
 //   BM_eigen_backward_gemms/N/D:d/threads:t        per head the five GEMMs of the backward: S = Q K^T, dP = dO V^T,
 //                                                  dV = P^T dO, dQ = dS K, dK = dS^T Q
 //   BM_fma_peak                                    independent FMAs in registers: the core's peak FLOP/s
-//   BM_bf16_dot_peak                               independent vdpbf16ps in registers (where compiled, as above)
+//   BM_bf16_dot_peak                               independent vdpbf16ps in registers (in a build whose target has
+//                                                  them: -march=native on a CPU with avx512_bf16)
 //   BM_mha_forward_backward/N                      MultiHeadAttention<float> forward + backward, E = 512, H = 8
 // threads:t is 1, or 1 and 2 when built with OpenMP (SELFATTN_OPENMP=ON): omp_set_num_threads(t) before the run.
 //
@@ -41,7 +42,6 @@
 
 #include <benchmark/benchmark.h>
 
-#include <selfattn/detail/bf16_dot.hpp>
 #include <selfattn/detail/kernels.hpp>
 #include <selfattn/selfattn.hpp>
 
@@ -242,7 +242,7 @@ void BM_fma_peak(benchmark::State& state) {
   });
 }
 
-#if SELFATTN_BF16_DOT
+#if defined(__AVX512BF16__)
 // The BF16 dot-product instruction's peak: independent vdpbf16ps in registers, each 16 lanes x 2 multiply-adds.
 void BM_bf16_dot_peak(benchmark::State& state) {
   constexpr int chains = 12;
@@ -312,7 +312,7 @@ void gemm_args(benchmark::internal::Benchmark* b, int64_t max_n) {
 }
 
 BENCHMARK(BM_fma_peak)->MeasureProcessCPUTime();
-#if SELFATTN_BF16_DOT
+#if defined(__AVX512BF16__)
 BENCHMARK(BM_bf16_dot_peak)->MeasureProcessCPUTime();
 #endif
 BENCHMARK(BM_fused_forward)->Apply([](auto* b) { attention_args(b, 16384); });

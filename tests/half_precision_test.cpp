@@ -11,10 +11,8 @@
 //   - the 16-bit KV cache: appended rows rounded once (bitwise the float cache's rows rounded), eviction with
 //     sinks, half the memory, and the module's steps over it;
 //   - errors name the argument before anything is written.
-// This file is compiled twice (tests/CMakeLists.txt): with the build's flags (the portable widening: SSE2 unpack
-// for bfloat16, lane by lane for float16 without F16C), every test; and with -march=native (AVX2 / AVX-512 and F16C
-// widening) and SELFATTN_HALF_PRECISION_SIMD_ONLY, the tests that reach the widening code (conversions, packets,
-// the decode paths): that build compiles its kernels itself, so it leaves out what would only compile them again.
+// ctest runs it once per instruction-set level (SELFATTN_ISA, tests/CMakeLists.txt): the widening of each level
+// (SSE2 unpack or lane by lane at generic, AVX2 and F16C, AVX-512) and, at avx512_bf16, the BF16 dot products.
 #include <selfattn/selfattn.hpp>
 
 #include "support/compare.hpp"
@@ -239,7 +237,6 @@ TYPED_TEST(HalfPrecisionTest, ForwardFollowsTheFlashAttentionRuleOnEveryMaskKind
   EXPECT_GT(checked, 300);
 }
 
-#ifndef SELFATTN_HALF_PRECISION_SIMD_ONLY  // the native build compiles only the tests of the SIMD kernels
 // The 16-bit entries compute exactly what the float kernels compute on the widened inputs, then round out once:
 // bitwise, for the fused kernel (inputs widened once) and the decode kernel (keys and values read in place). Not
 // the fused kernel on bfloat16 where the BF16 dot products are compiled and chosen for this CPU: it has its own
@@ -265,8 +262,6 @@ TYPED_TEST(HalfPrecisionTest, PublicPathsEqualTheFloatKernelsOnWidenedInputs) {
         ASSERT_EQ(half.lse.data()[n], wide.lse.data()[n]) << "lse " << n;
     }
 }
-
-#endif
 
 // Each decode path (general, grouped, streaming) on keys and values stored in 16 bits equals the same path on the
 // widened keys and values to float rounding (1e-6; bitwise but for FMA contraction in scalar tails): the kernels
@@ -309,9 +304,9 @@ TYPED_TEST(HalfPrecisionTest, DecodePathsReadSixteenBitKeysAndValuesInPlace) {
         }
 }
 
-// The fused kernel on BF16 dot products (detail/fused_forward_bf16.hpp): compiled where the target has the
-// instructions (the native build on a CPU with avx512_bf16); elsewhere the bfloat16 fused forward widens its inputs
-// and the tests below check that path on the same cases.
+// The fused kernel on BF16 dot products (detail/fused_forward_bf16.hpp): run at the avx512_bf16 level on a CPU where
+// they beat the FMA (bfloat16_products()); elsewhere, and at the levels below (SELFATTN_ISA), the bfloat16 fused
+// forward widens its inputs and the tests below check that path on the same cases.
 
 // FlashAttention's rule for the fused kernel on bfloat16 beyond the sweep's shapes: several key tiles and query
 // blocks, odd D and odd Lk (pairs padded with 0), windows starting at odd keys (tiles start at even ones), GQA,
@@ -360,7 +355,7 @@ TEST(HalfPrecisionBf16Fused, FollowsTheFlashAttentionRuleOverTilesAndMasks) {
   EXPECT_EQ(checked, 4 * (13 + 2));
 }
 
-// Where the BF16 dot products are compiled, the fused forward on bfloat16 runs on them: its output differs from the
+// Where the BF16 dot products are chosen, the fused forward on bfloat16 runs on them: its output differs from the
 // float kernel's on the widened inputs (P rounded to bfloat16 moves a few outputs by an ulp) while following the
 // rule above. Where they are not, it is that float kernel, bitwise.
 TEST(HalfPrecisionBf16Fused, RunsOnDotProductsWhereCompiled) {
@@ -376,7 +371,7 @@ TEST(HalfPrecisionBf16Fused, RunsOnDotProductsWhereCompiled) {
   Index differing = 0;
   for (Index n = 0; n < wide.size(); ++n) differing += bits_of(half.out.data()[n]) != bits_of(wide.data()[n]);
   if (detail::micro::has_bf16_dot && detail::bfloat16_products())
-    EXPECT_GT(differing, 0) << "the BF16 dot products are compiled but the output is the float kernel's";
+    EXPECT_GT(differing, 0) << "the BF16 dot products are chosen but the output is the float kernel's";
   else
     EXPECT_EQ(differing, 0);
 }
@@ -755,10 +750,39 @@ TYPED_TEST(HalfPrecisionTest, ModulesTakeAndReturnSixteenBitActivations) {
 }
 
 #if SELFATTN_BF16_DOT
+// The products' own pieces, called from functions compiled for the avx512_bf16 level as the products are (the tests
+// below run them only on a CPU that has it).
+SELFATTN_TARGET_BEGIN(SELFATTN_ISA_FEATURES_AVX512_BF16)
+namespace bf16_level {
+namespace micro = detail::isa_avx512_bf16::micro;
+
+/// round_to_pairs on values[0, 32): 16 pairs.
+void round_to_pairs(const float* values, std::uint32_t* pairs) {
+  _mm512_storeu_si512(pairs, micro::round_to_pairs(_mm512_loadu_ps(values), _mm512_loadu_ps(values + 16)));
+}
+
+/// c (rows x 64, row-major) = bf16_gemm_panel<4> of a (rows x depth pairs) and b (depth x 64 pairs).
+void gemm_panel(Index rows, Index depth, const std::uint32_t* a, const std::uint32_t* b, float* c) {
+  constexpr Index lanes = 4 * 16;
+  const auto store = [&](Index m0, auto& acc) {
+    constexpr int R = static_cast<int>(std::extent_v<std::remove_reference_t<decltype(acc)>>);
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < 4; ++v) _mm512_storeu_ps(c + (m0 + r) * lanes + v * 16, acc[r][v]);
+  };
+  micro::bf16_gemm_panel<4>(rows, depth, a, depth, b, lanes, store);
+}
+}  // namespace bf16_level
+SELFATTN_TARGET_END
+
+bool cpu_has_bf16_products() { return cpu_info().avx512_bf16; }
+#define SKIP_WITHOUT_BF16_PRODUCTS() \
+  if (!cpu_has_bf16_products()) GTEST_SKIP() << "this CPU has no AVX-512 BF16 instructions"
+
 // round_to_pairs: two packets of float rounded to bfloat16 (to nearest, ties to even, as Eigen's conversion; a
 // subnormal to a zero of its sign, as the instruction does) and interleaved first/second, on random floats, exact
 // ties, values that round up across an exponent, and subnormals.
 TEST(Bf16DotProducts, PairsRoundToNearestEvenAndInterleave) {
+  SKIP_WITHOUT_BF16_PRODUCTS();
   const auto rounded_bits = [](float x) -> std::uint32_t {
     if (std::fpclassify(x) == FP_SUBNORMAL) return std::signbit(x) ? 0x8000u : 0u;
     return bits_of(bfloat16(x));
@@ -771,8 +795,8 @@ TEST(Bf16DotProducts, PairsRoundToNearestEvenAndInterleave) {
       values.push_back(float_from_bits(upper << 16 | lower));
   while (values.size() % 32 != 0) values.push_back(0.0f);
   for (std::size_t i = 0; i < values.size(); i += 32) {
-    alignas(64) std::uint32_t pairs[16];
-    _mm512_store_si512(pairs, detail::micro::round_to_pairs(_mm512_loadu_ps(&values[i]), _mm512_loadu_ps(&values[i + 16])));
+    std::uint32_t pairs[16];
+    bf16_level::round_to_pairs(&values[i], pairs);
     for (std::size_t l = 0; l < 16; ++l) {
       ASSERT_EQ(pairs[l] & 0xFFFFu, rounded_bits(values[i + l])) << values[i + l];
       ASSERT_EQ(pairs[l] >> 16, rounded_bits(values[i + 16 + l])) << values[i + 16 + l];
@@ -783,6 +807,7 @@ TEST(Bf16DotProducts, PairsRoundToNearestEvenAndInterleave) {
 // bf16_gemm_panel against exact sums in double: every row block size (full blocks and each tail), depths of 0, 1
 // and many pairs; products of bfloat16 are exact in float, so the only error is float summation's.
 TEST(Bf16DotProducts, PanelSumsExactProductsOverEveryRowBlock) {
+  SKIP_WITHOUT_BF16_PRODUCTS();
   constexpr Index lanes = 4 * 16;
   Random random(13);
   for (Index rows : {1, 2, 5, 6, 7, 13})
@@ -800,12 +825,7 @@ TEST(Bf16DotProducts, PanelSumsExactProductsOverEveryRowBlock) {
           b_pairs[static_cast<std::size_t>(p * lanes + i)] = detail::micro::make_pair(
               b[static_cast<std::size_t>((2 * p) * lanes + i)], b[static_cast<std::size_t>((2 * p + 1) * lanes + i)]);
       std::vector<float> c(static_cast<std::size_t>(rows * lanes), std::numeric_limits<float>::quiet_NaN());
-      const auto store = [&](Index m0, auto& acc) {
-        constexpr int R = static_cast<int>(std::extent_v<std::remove_reference_t<decltype(acc)>>);
-        for (int r = 0; r < R; ++r)
-          for (int v = 0; v < 4; ++v) _mm512_storeu_ps(&c[static_cast<std::size_t>((m0 + r) * lanes + v * 16)], acc[r][v]);
-      };
-      detail::micro::bf16_gemm_panel<4>(rows, depth, a_pairs.data(), depth, b_pairs.data(), lanes, store);
+      bf16_level::gemm_panel(rows, depth, a_pairs.data(), b_pairs.data(), c.data());
       for (Index m = 0; m < rows; ++m)
         for (Index i = 0; i < lanes; ++i) {
           double exact = 0.0, magnitude = 0.0;
@@ -821,16 +841,13 @@ TEST(Bf16DotProducts, PanelSumsExactProductsOverEveryRowBlock) {
         }
     }
 }
-#else
-TEST(Bf16DotProducts, NotCompiledForThisTarget) {
-  GTEST_SKIP() << "this build's target has no AVX-512 BF16 instructions (or SELFATTN_NO_BF16_DOT is defined): the "
-                  "bfloat16 fused forward widens its inputs to float";
-}
 #endif
 
-#ifndef SELFATTN_HALF_PRECISION_SIMD_ONLY  // the native build compiles only the tests of the SIMD widening
 // Backward: dq, dk, dv in the inputs' type within twice the baseline's error (a float reference backward from the
-// same 16-bit inputs and the 16-bit forward's out, rounded to 16 bits), dbias in float within float tolerance.
+// same 16-bit inputs), dbias in float within float tolerance. All three backwards (ours, the baseline and the
+// float64 truth) take the 16-bit forward's out and lse: the test is of the backward's own error (the forward's,
+// BF16 dot products included, is the forward tests'; o enters dS through rowsum(dO * o), where a cancellation would
+// otherwise charge the forward's rounding to the backward).
 TYPED_TEST(HalfPrecisionTest, BackwardFollowsTheFlashAttentionRule) {
   using S = TypeParam;
   Random random(99);
@@ -838,22 +855,21 @@ TYPED_TEST(HalfPrecisionTest, BackwardFollowsTheFlashAttentionRule) {
     for (MaskKind kind : {MaskKind::none, MaskKind::causal_top_left, MaskKind::key_lengths, MaskKind::bias_full,
                           MaskKind::alibi, MaskKind::everything}) {
       const HalfCall<S> call(shape, kind, random);
-      const Tensor<double, 4> q64 = tensor_cast<double>(call.q), k64 = tensor_cast<double>(call.k);
-      const Tensor<double, 4> v64 = tensor_cast<double>(call.v), dout64 = tensor_cast<double>(call.dout);
-      const auto forward64 = sdpa_forward(q64, k64, v64, call.opts64);
-      const auto truth = sdpa_backward(q64, k64, v64, forward64.out, forward64.lse, dout64, call.opts64);
-
       const AttentionOptions<float>& opts = call.masks.opts;
       const AttentionForward<S> forward = sdpa_forward(call.q, call.k, call.v, opts);
       const AttentionGradients<S> ours = sdpa_backward(call.q, call.k, call.v, forward.out, forward.lse, call.dout, opts);
+
+      const Tensor<double, 4> q64 = tensor_cast<double>(call.q), k64 = tensor_cast<double>(call.k);
+      const Tensor<double, 4> v64 = tensor_cast<double>(call.v), dout64 = tensor_cast<double>(call.dout);
+      const auto truth = sdpa_backward(q64, k64, v64, tensor_cast<double>(forward.out),
+                                       tensor_cast<double>(forward.lse), dout64, call.opts64);
 
       AttentionOptions<float> reference32 = opts;
       reference32.kernel = Kernel::reference;
       const Tensor<float, 4> q32 = tensor_cast<float>(call.q), k32 = tensor_cast<float>(call.k);
       const Tensor<float, 4> v32 = tensor_cast<float>(call.v), dout32 = tensor_cast<float>(call.dout);
-      const auto forward32 = sdpa_forward(q32, k32, v32, reference32);
-      const Tensor<float, 4> out32 = tensor_cast<float>(tensor_cast<S>(forward32.out));  // stored in 16 bits
-      const auto baseline = sdpa_backward(q32, k32, v32, out32, forward32.lse, dout32, reference32);
+      const auto baseline =
+          sdpa_backward(q32, k32, v32, tensor_cast<float>(forward.out), forward.lse, dout32, reference32);
 
       const std::string where = "shape " + detail::shape_string<4>(call.q.shape()) + " k " +
                                 detail::shape_string<4>(call.k.shape()) + " mask kind " +
@@ -862,7 +878,8 @@ TYPED_TEST(HalfPrecisionTest, BackwardFollowsTheFlashAttentionRule) {
       EXPECT_TRUE(within_twice_baseline(ours.dk, tensor_cast<S>(baseline.dk), truth.dk)) << where << " dk";
       EXPECT_TRUE(within_twice_baseline(ours.dv, tensor_cast<S>(baseline.dv), truth.dv)) << where << " dv";
       if (opts.bias.data()) {
-        EXPECT_TRUE(within_twice_baseline(ours.dbias, baseline.dbias, truth.dbias)) << where << " dbias";
+        EXPECT_TRUE(test::all_close(ours.dbias, tensor_cast<float>(truth.dbias), test::default_tolerance<float>()))
+            << where << " dbias";
       }
     }
 }
@@ -962,8 +979,6 @@ TYPED_TEST(HalfPrecisionTest, ErrorsNameTheArgument) {
   test::expect_error<ShapeError>([&] { mha.step(Tensor<float, 3>({1, 1, 8}), cache); }, {"x_new"});
   EXPECT_EQ(cache.length(), 0);
 }
-
-#endif
 
 }  // namespace
 }  // namespace selfattn

@@ -355,8 +355,9 @@ void sdpa_forward_into_views(const char* function, const TensorView<const T, 4>&
 }
 
 /// The fused kernel on BF16 dot products (fused_forward_bf16.hpp) when it applies: bfloat16 q, k, v (q widened
-/// exactly; a float q, as in a module's step over a bfloat16 cache, would be rounded), a build with the
-/// instructions, a CPU on which they beat the FMA (bfloat16_products(), dispatch.hpp), the fused kernel chosen and v free of inf and NaN. Returns whether it ran.
+/// exactly; a float q, as in a module's step over a bfloat16 cache, would be rounded), the avx512_bf16 level selected
+/// on a CPU where the products beat the FMA (bfloat16_products(), dispatch.hpp), the fused kernel chosen and v free
+/// of inf and NaN. Returns whether it ran.
 template <typename S>
 bool run_forward_bf16_dot([[maybe_unused]] const AttentionParams<float, S>& p,
                           [[maybe_unused]] const AttentionOptions<float>& opts,
@@ -365,7 +366,7 @@ bool run_forward_bf16_dot([[maybe_unused]] const AttentionParams<float, S>& p,
 #if SELFATTN_BF16_DOT
   if constexpr (std::is_same_v<S, bfloat16>)
     return bfloat16_products() && forward_kernel(p, opts) == Kernel::fused &&
-           fused_forward_bf16(p, outputs, workspace.fused);
+           isa_avx512_bf16::fused_forward_bf16(p, outputs, workspace.fused);
 #endif
   return false;
 }

@@ -25,11 +25,12 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
-/// Whether this build carries the run-time dispatched x86-64 kernels (g++ and clang++ on x86-64).
 #define SELFATTN_DISPATCH_X86 1
 #else
 #define SELFATTN_DISPATCH_X86 0
 #endif
+/// \def SELFATTN_DISPATCH_X86
+/// 1 when this build carries the run-time dispatched x86-64 kernels (g++ and clang++ on x86-64), else 0.
 
 namespace selfattn {
 
@@ -55,10 +56,22 @@ inline const char* to_string(Isa isa) {
 struct CpuInfo {
   std::string vendor;  ///< CPUID's vendor string ("GenuineIntel", "AuthenticAMD"); empty off x86-64
   std::string model;   ///< CPUID's brand string; empty off x86-64
-  // Instructions the CPU has and the operating system enabled (register state saved by XSAVE).
-  bool avx2 = false, fma = false, f16c = false;
-  bool avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false, avx512_bf16 = false;
-  bool amx_tile = false, amx_bf16 = false;  ///< the CPU's flags only (tiles also need the kernel's permission)
+  /// \name Instructions the CPU has and the operating system enabled (their register state saved by XSAVE)
+  ///@{
+  bool avx2 = false;         ///< AVX2 (256-bit integer and float vectors)
+  bool fma = false;          ///< FMA3 (fused multiply-add)
+  bool f16c = false;         ///< half-precision conversions (vcvtph2ps)
+  bool avx512f = false;      ///< AVX-512 Foundation
+  bool avx512bw = false;     ///< AVX-512 byte and word instructions
+  bool avx512dq = false;     ///< AVX-512 doubleword and quadword instructions
+  bool avx512vl = false;     ///< AVX-512 at 128- and 256-bit widths
+  bool avx512_bf16 = false;  ///< bfloat16 conversions and dot products (vdpbf16ps)
+  ///@}
+  /// \name AMX, the CPU's flags only (tiles also need the kernel's permission, which is not asked for)
+  ///@{
+  bool amx_tile = false;  ///< tile registers
+  bool amx_bf16 = false;  ///< bfloat16 tile products
+  ///@}
   /// Whether vdpbf16ps beats the 512-bit FMA on this CPU (bfloat16 attention then uses it; else it widens to float).
   /// From a table of measured CPUs (docs/dispatch.md): AMD's Zen 4 and later, yes (about twice the FMA's FLOP/s);
   /// Intel's Xeons, no (about half); any other CPU, no.

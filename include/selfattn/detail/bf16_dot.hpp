@@ -12,9 +12,9 @@
 // lane, B's read as packets of 16 pairs, MR x NV float accumulators in registers, an epilogue per block of rows.
 // One pair-step does the multiply-adds of two float steps in one instruction: twice the arithmetic rate of FMA.
 //
-// Compiled in when the target has the instructions (__AVX512BF16__ with AVX-512 F and BW, Eigen vectorising for
-// AVX-512), unless the user defines SELFATTN_NO_BF16_DOT. The library carries no -march: a user who compiles for
-// such a CPU (-march=native on it, -march=sapphirerapids, -march=znver4) gets these products.
+// Compiled for the avx512_bf16 level whatever the translation unit's flags, in a namespace of its own
+// (isa_avx512_bf16, beside kernels.hpp's levels), on g++ and clang++ for x86-64 (SELFATTN_DISPATCH_X86), unless the
+// user defines SELFATTN_NO_BF16_DOT. Whether it runs is decided at run time (dispatch.hpp, bfloat16_products()).
 #pragma once
 
 #include <selfattn/detail/kernels.hpp>
@@ -27,8 +27,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(EIGEN_VECTORIZE_AVX512) && defined(__AVX512BF16__) && defined(__AVX512BW__) && \
-    !defined(SELFATTN_NO_BF16_DOT)
+#if SELFATTN_DISPATCH_X86 && !defined(SELFATTN_NO_BF16_DOT)
 #define SELFATTN_BF16_DOT 1
 #include <immintrin.h>
 #else
@@ -37,7 +36,8 @@
 
 namespace selfattn::detail::micro {
 
-/// Whether this translation unit compiles the BF16 dot-product products (see the file comment).
+/// Whether this build carries the BF16 dot-product products (see the file comment); whether they run is
+/// bfloat16_products()'s call.
 inline constexpr bool has_bf16_dot = SELFATTN_BF16_DOT != 0;
 
 /// Two bfloat16 of consecutive depth indices: the first in the low 16 bits, the second in the high 16.
@@ -58,7 +58,22 @@ inline Bf16Pair load_pair(const bfloat16* x, Index count) {
   return make_pair(x[0], count > 1 ? x[1] : bfloat16(0.0f));
 }
 
+}  // namespace selfattn::detail::micro
+
 #if SELFATTN_BF16_DOT
+SELFATTN_TARGET_BEGIN(SELFATTN_ISA_FEATURES_AVX512_BF16)
+SELFATTN_VECTOR_WARNINGS_OFF
+// The avx512_bf16 level: the avx512 level's packets, its tiles and float kernels (isa_avx512), and these products.
+namespace selfattn::detail::isa_avx512_bf16 {
+namespace vec = ::selfattn::detail::packets_avx512;
+#include <selfattn/detail/kernels/vocabulary.inc>
+
+namespace micro {
+using ::selfattn::detail::micro::Bf16Pair;
+using ::selfattn::detail::micro::load_pair;
+using ::selfattn::detail::micro::make_pair;
+inline constexpr int micro_rows = isa_avx512::micro::micro_rows;
+inline constexpr int micro_packets = isa_avx512::micro::micro_packets;
 
 /// The MR x NV micro-kernel in pairs: acc[m][v] = sum_p A(m, p) . B(p, v-th packet of 16 pairs), with
 /// A(m, p) = a[m * ams + p] (one pair, broadcast) and B's row p at b + p * ldb.
@@ -118,6 +133,8 @@ EIGEN_ALWAYS_INLINE __m512i round_to_pairs(__m512 first, __m512 second) {
   return _mm512_permutexvar_epi16(interleave, halves);
 }
 
+}  // namespace micro
+}  // namespace selfattn::detail::isa_avx512_bf16
+SELFATTN_VECTOR_WARNINGS_ON
+SELFATTN_TARGET_END
 #endif  // SELFATTN_BF16_DOT
-
-}  // namespace selfattn::detail::micro

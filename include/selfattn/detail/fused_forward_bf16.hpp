@@ -11,6 +11,9 @@
 // Scores, softmax, sums and the output before its final rounding stay float. Tiles start at even keys (pairs
 // never straddle a tile). Values holding inf or NaN take the float kernel instead (its products skip zero factors,
 // so a masked key's NaN never reaches an output); the pairs' packing finds them.
+//
+// The avx512_bf16 level (bf16_dot.hpp): these products compiled for it, driving the avx512 level's blocks
+// (isa_avx512::fused_forward_blocks); the blocks call the products per tile, across the two targets.
 #pragma once
 
 #include <selfattn/detail/bf16_dot.hpp>
@@ -24,13 +27,14 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace selfattn::detail {
-
 #if SELFATTN_BF16_DOT
+SELFATTN_TARGET_BEGIN(SELFATTN_ISA_FEATURES_AVX512_BF16)
+SELFATTN_VECTOR_WARNINGS_OFF
+namespace selfattn::detail::isa_avx512_bf16 {
 
 /// The products of fused_forward_block on bfloat16 pairs (see the file comment).
 struct Bf16Products {
-  static constexpr Index lanes = FusedTiles<float>::lanes;
+  static constexpr Index lanes = isa_avx512::FusedTiles<float>::lanes;
   /// Tiles start at even keys, so that the pairs of V^T and P^T never straddle two tiles.
   static constexpr Index key_alignment = 2;
 
@@ -47,7 +51,7 @@ struct Bf16Products {
 
   void prepare(ForwardWorkspace<float>& w) const {
     w.query_pairs.assign(static_cast<std::size_t>(key_row * lanes), 0);
-    w.probability_pairs.assign(static_cast<std::size_t>(FusedTiles<float>::forward_keys / 2 * lanes), 0);
+    w.probability_pairs.assign(static_cast<std::size_t>(isa_avx512::FusedTiles<float>::forward_keys / 2 * lanes), 0);
   }
 
   /// Q^T as pairs (ceil(D / 2), lanes) of rows [i0, i0 + rows); lanes past the last row stay 0. q holds bfloat16
@@ -142,10 +146,11 @@ inline bool fused_forward_bf16(const AttentionParams<float, bfloat16>& p, const 
                                FusedForwardScratch<float>& scratch) {
   Bf16Products products{};
   if (!pack_bf16_pairs(p, scratch, products)) return false;
-  fused_forward_blocks(p, result, scratch, products);
+  isa_avx512::fused_forward_blocks(p, result, scratch, products);
   return true;
 }
 
+}  // namespace selfattn::detail::isa_avx512_bf16
+SELFATTN_VECTOR_WARNINGS_ON
+SELFATTN_TARGET_END
 #endif  // SELFATTN_BF16_DOT
-
-}  // namespace selfattn::detail

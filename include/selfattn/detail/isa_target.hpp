@@ -13,6 +13,7 @@
 
 #define SELFATTN_ISA_FEATURES_AVX2 "avx2,fma,f16c,bmi,bmi2,popcnt,lzcnt"
 #define SELFATTN_ISA_FEATURES_AVX512 SELFATTN_ISA_FEATURES_AVX2 ",avx512f,avx512bw,avx512dq,avx512vl,avx512cd"
+#define SELFATTN_ISA_FEATURES_AVX512_BF16 SELFATTN_ISA_FEATURES_AVX512 ",avx512bf16"
 
 #if defined(__clang__)
 #define SELFATTN_PRAGMA(text) _Pragma(#text)
