@@ -239,7 +239,7 @@ TYPED_TEST(HalfPrecisionTest, ForwardFollowsTheFlashAttentionRuleOnEveryMaskKind
 
 // The 16-bit entries compute exactly what the float kernels compute on the widened inputs, then round out once:
 // bitwise, for the fused kernel (inputs widened once) and the decode kernel (keys and values read in place). Not
-// the fused kernel on bfloat16 where the BF16 dot products are compiled and chosen for this CPU: it has its own
+// the fused kernel on bfloat16 where the BF16 dot products are chosen for this CPU: it has its own
 // tests below.
 TYPED_TEST(HalfPrecisionTest, PublicPathsEqualTheFloatKernelsOnWidenedInputs) {
   using S = TypeParam;
@@ -774,15 +774,14 @@ void gemm_panel(Index rows, Index depth, const std::uint32_t* a, const std::uint
 }  // namespace bf16_level
 SELFATTN_TARGET_END
 
-bool cpu_has_bf16_products() { return cpu_info().avx512_bf16; }
-#define SKIP_WITHOUT_BF16_PRODUCTS() \
-  if (!cpu_has_bf16_products()) GTEST_SKIP() << "this CPU has no AVX-512 BF16 instructions"
+#define SKIP_WITHOUT_AVX512_BF16() \
+  if (!cpu_info().avx512_bf16) GTEST_SKIP() << "this CPU has no AVX-512 BF16 instructions"
 
 // round_to_pairs: two packets of float rounded to bfloat16 (to nearest, ties to even, as Eigen's conversion; a
 // subnormal to a zero of its sign, as the instruction does) and interleaved first/second, on random floats, exact
 // ties, values that round up across an exponent, and subnormals.
 TEST(Bf16DotProducts, PairsRoundToNearestEvenAndInterleave) {
-  SKIP_WITHOUT_BF16_PRODUCTS();
+  SKIP_WITHOUT_AVX512_BF16();
   const auto rounded_bits = [](float x) -> std::uint32_t {
     if (std::fpclassify(x) == FP_SUBNORMAL) return std::signbit(x) ? 0x8000u : 0u;
     return bits_of(bfloat16(x));
@@ -807,7 +806,7 @@ TEST(Bf16DotProducts, PairsRoundToNearestEvenAndInterleave) {
 // bf16_gemm_panel against exact sums in double: every row block size (full blocks and each tail), depths of 0, 1
 // and many pairs; products of bfloat16 are exact in float, so the only error is float summation's.
 TEST(Bf16DotProducts, PanelSumsExactProductsOverEveryRowBlock) {
-  SKIP_WITHOUT_BF16_PRODUCTS();
+  SKIP_WITHOUT_AVX512_BF16();
   constexpr Index lanes = 4 * 16;
   Random random(13);
   for (Index rows : {1, 2, 5, 6, 7, 13})
