@@ -4,7 +4,7 @@
 //   BM_triad/N/H/Hkv          a[i] = b[i] + s c[i] over as many bytes as the decode step below reads
 //   BM_decode_kernel/N/H/Hkv  one query row per head over N cached keys and values (D = 128, float):
 //                             the attention of one decode step, reported as GB/s of K/V read
-//   BM_decode_general/N/H/Hkv the same with the general path forced (Eigen products per chunk), for comparison
+//   BM_decode_general/N/H/Hkv the same with the general path forced (two GEMMs per chunk), for comparison
 //   BM_decode_kernel_bf16, _f16  BM_decode_kernel with K and V stored as bfloat16 / float16 (half the bytes; the
 //                             GB/s count the 16-bit bytes actually read)
 //   BM_decode_step/N          MultiHeadAttention::step of one token over a cache of N tokens (E = 1024)

@@ -2,9 +2,10 @@
 // AttentionWorkspace, MultiHeadAttention::step_into (buffers in the cache) and forward_into (an MhaWorkspace).
 // After a warm-up call, further calls of the same shape make exactly 0 calls of operator new and 0 heap
 // allocations by Eigen, and write bitwise what the allocating forms return; destinations that overlap an input or
-// have the wrong shape are refused naming the argument, before anything is written.
+// have the wrong shape are refused naming the argument, before anything is written. And the fused forward's scratch
+// memory is O(tile): its peak bytes hold no (Lq, Lk) matrix.
 //
-// Counting: a replaced global operator new counts its calls (every std::vector, std::string, shared_ptr... goes
+// Counting: a replaced global operator new counts its calls and the bytes live and at their peak (every std::vector, std::string, shared_ptr... goes
 // through it). Eigen allocates with std::malloc, not operator new: EIGEN_RUNTIME_NO_MALLOC makes every Eigen heap
 // allocation call eigen_assert(is_malloc_allowed()), and eigen_assert is defined here to count failures (in every
 // build type; this test is the only translation unit of its binary, so the macros change no code elsewhere).
@@ -21,6 +22,7 @@ std::atomic<long long> eigen_failures{0};  // failed eigen_asserts: heap allocat
   } while (false)
 
 #include <selfattn/attention.hpp>
+#include <selfattn/detail/dispatch.hpp>
 #include <selfattn/nn/kv_cache.hpp>
 #include <selfattn/nn/module_workspace.hpp>
 #include <selfattn/nn/multihead.hpp>
@@ -31,6 +33,7 @@ std::atomic<long long> eigen_failures{0};  // failed eigen_asserts: heap allocat
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -54,18 +57,40 @@ std::atomic<long long> eigen_failures{0};  // failed eigen_asserts: heap allocat
 namespace {
 std::atomic<bool> counting{false};
 std::atomic<long long> new_calls{0};
+std::atomic<long long> live_bytes{0};  // bytes allocated and not yet freed while counting
+std::atomic<long long> peak_bytes{0};  // their maximum
 }  // namespace
 
 #ifndef SELFATTN_TEST_UNDER_TSAN
 namespace {
+// Each block carries its size and alignment in front of it, so that operator delete can count the bytes it frees.
+constexpr std::size_t header = 64;  // room for both; keeps every alignment <= 64
+
 void* counted_new(std::size_t size, std::size_t alignment) {
-  if (counting.load(std::memory_order_relaxed)) ++new_calls;
-  if (size == 0) size = 1;
-  void* p = alignment > alignof(std::max_align_t)
-                ? std::aligned_alloc(alignment, (size + alignment - 1) / alignment * alignment)
-                : std::malloc(size);
-  if (!p) throw std::bad_alloc();
-  return p;
+  alignment = std::max(alignment, header);
+  const std::size_t total = (size + alignment + alignment - 1) / alignment * alignment;
+  auto* base = static_cast<unsigned char*>(std::aligned_alloc(alignment, total));
+  if (!base) throw std::bad_alloc();
+  unsigned char* user = base + alignment;
+  reinterpret_cast<std::size_t*>(user - sizeof(std::size_t))[0] = size;
+  reinterpret_cast<std::size_t*>(user - 2 * sizeof(std::size_t))[0] = alignment;
+  if (counting.load()) {
+    ++new_calls;
+    const long long now = live_bytes += static_cast<long long>(size);
+    long long peak = peak_bytes.load();
+    while (now > peak && !peak_bytes.compare_exchange_weak(peak, now)) {
+    }
+  }
+  return user;
+}
+
+void counted_delete(void* pointer) noexcept {
+  if (!pointer) return;
+  auto* user = static_cast<unsigned char*>(pointer);
+  const std::size_t size = reinterpret_cast<std::size_t*>(user - sizeof(std::size_t))[0];
+  const std::size_t alignment = reinterpret_cast<std::size_t*>(user - 2 * sizeof(std::size_t))[0];
+  if (counting.load()) live_bytes -= static_cast<long long>(size);
+  std::free(user - alignment);
 }
 }  // namespace
 
@@ -77,14 +102,14 @@ void* operator new(std::size_t size, std::align_val_t alignment) {
 void* operator new[](std::size_t size, std::align_val_t alignment) {
   return counted_new(size, static_cast<std::size_t>(alignment));
 }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p) noexcept { counted_delete(p); }
+void operator delete[](void* p) noexcept { counted_delete(p); }
+void operator delete(void* p, std::size_t) noexcept { counted_delete(p); }
+void operator delete[](void* p, std::size_t) noexcept { counted_delete(p); }
+void operator delete(void* p, std::align_val_t) noexcept { counted_delete(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { counted_delete(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { counted_delete(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { counted_delete(p); }
 #endif
 
 namespace {
@@ -568,6 +593,45 @@ TEST(ForwardIntoModuleErrors, NameTheArgument) {
   test::expect_error<std::invalid_argument>([&] { mha.forward_into(x, x, x, x.view(), ws); }, {"output", "overlaps query"});
   Tensor<float, 3> wrong({1, 4, 16});
   test::expect_error<ShapeError>([&] { mha.forward_into(x, x, x, wrong, ws); }, {"output", "(1, 3, 16)"});
+}
+
+// The forward's scratch memory is O(tile): the workspace size does not grow with the lengths, and counting every
+// byte through operator new during a call with Lq = Lk = 1024 finds only the outputs and the tile workspace,
+// nowhere near one (Lq, Lk) matrix (4 MB in float); Eigen allocates nothing on the heap meanwhile.
+TEST(FusedForward, AllocatesNoScoreMatrix) {
+  const std::size_t workspace = detail::fused_forward_workspace_bytes<float>(128, 128);
+  EXPECT_LT(workspace, std::size_t(256) * 1024) << "one thread's tile workspace at D = Dv = 128";
+  SKIP_UNDER_TSAN();
+
+  const Index L = 1024, D = 8;
+  Random random(47);
+  const auto q = random.normal_tensor<float, 4>({1, 1, L, D});
+  const auto k = random.normal_tensor<float, 4>({1, 1, L, D});
+  const auto v = random.normal_tensor<float, 4>({1, 1, L, D});
+  AttentionOptions<float> opts;
+  opts.causal = Causal::top_left;
+  const long long outputs = static_cast<long long>((L * D + L) * sizeof(float));
+  const long long score_matrix = static_cast<long long>(L * L * sizeof(float));
+  for (int threads : {1, detail::max_threads()}) {
+#ifdef _OPENMP
+    omp_set_num_threads(threads);
+#endif
+    live_bytes = 0;
+    peak_bytes = 0;
+    const Allocations allocations = count_allocations(1, [&] {
+      const auto fwd = sdpa_forward(q, k, v, opts);
+      EXPECT_EQ(fwd.out.size(), L * D);
+    });
+    EXPECT_EQ(allocations.eigen, 0) << "Eigen heap allocations inside the fused forward";
+    const long long scratch = peak_bytes.load() - outputs;
+    RecordProperty("threads", threads);
+    RecordProperty("peak_scratch_bytes", static_cast<int>(scratch));
+    const auto workspace_bytes = static_cast<long long>(detail::fused_forward_workspace_bytes<float>(D, D));
+    EXPECT_LE(scratch, threads * workspace_bytes + 4096)
+        << "peak " << peak_bytes.load() << " bytes, outputs " << outputs;
+    EXPECT_LT(peak_bytes.load(), score_matrix / 16);
+    EXPECT_EQ(live_bytes.load(), 0) << "everything allocated during the call is returned or freed with the result";
+  }
 }
 
 // ---- threads ----------------------------------------------------------------------------------------------------

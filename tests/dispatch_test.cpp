@@ -1,5 +1,5 @@
 // Tests of cpu.hpp and detail/dispatch.hpp: the CPU detection and its SELFATTN_ISA override, that a call runs the
-// level cpu_info() reports, and the fused float kernels, the decode kernel's fast paths and the few-row projection
+// level cpu_info() reports, and the fused float kernels, the decode kernel's three paths and the few-row projection
 // of every level this CPU has against the float64 reference and against each other, called level by level in one
 // process.
 //
@@ -224,12 +224,20 @@ template <typename KV>
 struct DecodeProblem {
   Tensor<float, 4> q;
   Tensor<KV, 4> k, v;
+  Tensor<bool, 4> allowed;  // (B, 1, Lq, Lk) for the general path's problems, else empty
   AttentionOptions<float> opts;
   Tensor<double, 4> out64;
+
+  AttentionOptions<float> options() const {
+    AttentionOptions<float> o = opts;
+    if (allowed.size() > 0) o.allowed = allowed.view();
+    return o;
+  }
 };
 
+/// with_allowed: an `allowed` mask with about a third of the keys masked, which only the general path takes.
 template <typename KV>
-DecodeProblem<KV> make_decode_problem(std::uint64_t seed) {
+DecodeProblem<KV> make_decode_problem(std::uint64_t seed, bool with_allowed) {
   test::Random random(seed);
   const Index batch = random.integer(1, 2), kv_heads = random.integer(1, 2), heads = kv_heads * random.integer(1, 4);
   const Index q_len = random.integer(1, 3), k_len = random.integer(1, 900), dim = random.integer(1, 80);
@@ -248,6 +256,11 @@ DecodeProblem<KV> make_decode_problem(std::uint64_t seed) {
   opts64.causal = p.opts.causal;
   opts64.window_left = p.opts.window_left;
   opts64.kernel = Kernel::reference;
+  if (with_allowed) {
+    p.allowed = Tensor<bool, 4>({batch, 1, q_len, k_len});
+    for (Index n = 0; n < p.allowed.size(); ++n) p.allowed.data()[n] = random.integer(0, 2) > 0;
+    opts64.allowed = p.allowed.view();
+  }
   // The reference on the values the kernels see: the 16-bit ones widened exactly.
   const auto exact = [](const auto& x) {
     Tensor<double, 4> y(x.shape());
@@ -258,11 +271,12 @@ DecodeProblem<KV> make_decode_problem(std::uint64_t seed) {
   return p;
 }
 
-/// The grouped (streaming = false) or streaming path of one level: run(params, outputs, scratch).
+/// One decode path of one level: run(params, outputs, scratch).
 template <typename KV, typename Run>
 Tensor<float, 4> decode_at_level(const DecodeProblem<KV>& p, Run run) {
+  const AttentionOptions<float> opts = p.options();
   const AttentionParams<float, KV> params =
-      detail::make_stored_params<float, KV>(p.q.view(), p.k.view(), p.v.view(), p.opts);
+      detail::make_stored_params<float, KV>(p.q.view(), p.k.view(), p.v.view(), opts);
   Tensor<float, 4> out(p.q.shape());
   Tensor<float, 3> lse({p.q.dim(0), p.q.dim(1), p.q.dim(2)});
   detail::DecodeScratch<float> scratch;
@@ -272,23 +286,22 @@ Tensor<float, 4> decode_at_level(const DecodeProblem<KV>& p, Run run) {
 
 template <typename KV>
 void check_decode_levels(double tolerance) {
+  using detail::DecodePath;
   for (std::uint64_t seed = 1; seed <= 18; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
-    const DecodeProblem<KV> p = make_decode_problem<KV>(seed);
-    for (const bool streaming : {false, true}) {
-      SCOPED_TRACE(streaming ? "streaming" : "grouped");
+    for (const DecodePath path : {DecodePath::general, DecodePath::grouped, DecodePath::streaming}) {
+      SCOPED_TRACE(path == DecodePath::general ? "general" : path == DecodePath::grouped ? "grouped" : "streaming");
+      // The general path's problems have an `allowed` mask on every other seed: the masks only it takes.
+      const DecodeProblem<KV> p = make_decode_problem<KV>(seed, path == DecodePath::general && seed % 2 == 0);
       const auto generic = [&](const auto& params, const auto& outputs, auto& scratch) {
-        if (streaming) return detail::run_decode<detail::StreamingDecode<float, KV>>(params, outputs, scratch);
-        detail::run_decode<detail::GroupedDecode<float, KV>>(params, outputs, scratch);
+        detail::run_decode_path(path, params, outputs, scratch);
       };
       const Tensor<float, 4> reference = decode_at_level(p, generic);
       EXPECT_LT(relative_error(reference, p.out64), tolerance) << "generic";
 #if SELFATTN_DISPATCH_X86
       if (cpu_info().best >= Isa::avx2) {
         const auto avx2 = [&](const auto& params, const auto& outputs, auto& scratch) {
-          if (streaming)
-            return detail::isa_avx2::run_decode<detail::isa_avx2::StreamingDecode<float, KV>>(params, outputs, scratch);
-          detail::isa_avx2::run_decode<detail::isa_avx2::GroupedDecode<float, KV>>(params, outputs, scratch);
+          detail::isa_avx2::run_decode_path(path, params, outputs, scratch);
         };
         const Tensor<float, 4> result = decode_at_level(p, avx2);
         EXPECT_LT(relative_error(result, p.out64), tolerance) << "avx2";
@@ -296,10 +309,7 @@ void check_decode_levels(double tolerance) {
       }
       if (cpu_info().best >= Isa::avx512) {
         const auto avx512 = [&](const auto& params, const auto& outputs, auto& scratch) {
-          if (streaming)
-            return detail::isa_avx512::run_decode<detail::isa_avx512::StreamingDecode<float, KV>>(params, outputs,
-                                                                                                  scratch);
-          detail::isa_avx512::run_decode<detail::isa_avx512::GroupedDecode<float, KV>>(params, outputs, scratch);
+          detail::isa_avx512::run_decode_path(path, params, outputs, scratch);
         };
         const Tensor<float, 4> result = decode_at_level(p, avx512);
         EXPECT_LT(relative_error(result, p.out64), tolerance) << "avx512";

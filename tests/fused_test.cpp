@@ -1,15 +1,11 @@
 // Tests of the fused forward and backward (detail/kernels/fused_*.inc) against the reference kernel (the specification)
 // over a randomised sweep of shapes, masks, views and dropout; NaN in masked keys and values; fully masked rows
-// and tiles; determinism; dispatch; and the memory the forward allocates (no (Lq, Lk) buffer).
+// and tiles; determinism; dispatch. The memory the forward allocates (no (Lq, Lk) buffer) is allocation_test's.
 //
 // Tolerances: double within 1e-12 of the reference, relative to the largest |expected| (at least 1). Float by
 // FlashAttention's rule: the fused kernel's error against the double reference at most twice the float
 // reference kernel's error against it, plus 1e-6.
 
-// Eigen may not allocate on the heap inside the fused kernel either: a heap allocation while
-// set_is_malloc_allowed(false) is in force fails an eigen_assert (this test is the only translation unit of its
-// binary that includes Eigen, so the macro changes no code elsewhere).
-#define EIGEN_RUNTIME_NO_MALLOC
 #include <selfattn/attention.hpp>
 #include <selfattn/detail/dispatch.hpp>
 #include <selfattn/detail/reference.hpp>
@@ -33,64 +29,6 @@
 
 #ifdef _OPENMP
 #include <omp.h>
-#endif
-
-// ---- an instrumented global allocator: bytes live during a measured call, and their peak ------------------
-// Not under ThreadSanitizer, whose runtime defines operator new itself (a second definition does not link);
-// the allocation test then skips.
-#if defined(__SANITIZE_THREAD__)
-#define SELFATTN_TEST_UNDER_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define SELFATTN_TEST_UNDER_TSAN 1
-#endif
-#endif
-
-#ifndef SELFATTN_TEST_UNDER_TSAN
-namespace {
-
-std::atomic<bool> counting{false};
-std::atomic<long long> live_bytes{0};
-std::atomic<long long> peak_bytes{0};
-
-constexpr std::size_t header = 64;  // room for the size in front of each block; keeps every alignment <= 64
-
-void* counted_allocate(std::size_t size, std::size_t alignment) {
-  alignment = std::max<std::size_t>(alignment, header);
-  const std::size_t total = (size + alignment + alignment - 1) / alignment * alignment;
-  auto* base = static_cast<unsigned char*>(std::aligned_alloc(alignment, total));
-  if (!base) throw std::bad_alloc();
-  unsigned char* user = base + alignment;
-  reinterpret_cast<std::size_t*>(user - sizeof(std::size_t))[0] = size;
-  reinterpret_cast<std::size_t*>(user - 2 * sizeof(std::size_t))[0] = alignment;
-  if (counting.load()) {
-    const long long now = live_bytes += static_cast<long long>(size);
-    long long peak = peak_bytes.load();
-    while (now > peak && !peak_bytes.compare_exchange_weak(peak, now)) {
-    }
-  }
-  return user;
-}
-
-void counted_free(void* pointer) noexcept {
-  if (!pointer) return;
-  auto* user = static_cast<unsigned char*>(pointer);
-  const std::size_t size = reinterpret_cast<std::size_t*>(user - sizeof(std::size_t))[0];
-  const std::size_t alignment = reinterpret_cast<std::size_t*>(user - 2 * sizeof(std::size_t))[0];
-  if (counting.load()) live_bytes -= static_cast<long long>(size);
-  std::free(user - alignment);
-}
-
-}  // namespace
-
-void* operator new(std::size_t size) { return counted_allocate(size, alignof(std::max_align_t)); }
-void* operator new(std::size_t size, std::align_val_t alignment) {
-  return counted_allocate(size, static_cast<std::size_t>(alignment));
-}
-void operator delete(void* pointer) noexcept { counted_free(pointer); }
-void operator delete(void* pointer, std::size_t) noexcept { counted_free(pointer); }
-void operator delete(void* pointer, std::align_val_t) noexcept { counted_free(pointer); }
-void operator delete(void* pointer, std::size_t, std::align_val_t) noexcept { counted_free(pointer); }
 #endif
 
 namespace selfattn {
@@ -598,53 +536,6 @@ TEST(FusedTest, KernelOptionSelectsTheKernel) {
   const auto weighted = sdpa_forward(q, k, v, opts);
   EXPECT_EQ(weighted.weights.size(), 1 * 2 * 70 * 70);
   EXPECT_TRUE(test::all_close(weighted.out, reference.out, 0.0));
-}
-
-// ---- memory ----------------------------------------------------------------------------------------------
-
-// The forward's scratch memory is O(tile): the workspace size does not grow with the lengths, and counting every
-// byte through operator new during a call with Lq = Lk = 1024 finds only the outputs and the tile workspace,
-// nowhere near one (Lq, Lk) matrix (4 MB in float); Eigen allocates nothing on the heap meanwhile.
-TEST(FusedTest, ForwardAllocatesNoScoreMatrix) {
-  const std::size_t workspace = detail::fused_forward_workspace_bytes<float>(128, 128);
-  EXPECT_LT(workspace, std::size_t(256) * 1024) << "one thread's tile workspace at D = Dv = 128";
-#ifdef SELFATTN_TEST_UNDER_TSAN
-  GTEST_SKIP() << "under ThreadSanitizer, which owns operator new: no allocation counting";
-#else
-
-  const Index L = 1024, D = 8;
-  Random random(47);
-  const auto q = random.normal_tensor<float, 4>({1, 1, L, D});
-  const auto k = random.normal_tensor<float, 4>({1, 1, L, D});
-  const auto v = random.normal_tensor<float, 4>({1, 1, L, D});
-  AttentionOptions<float> opts;
-  opts.causal = Causal::top_left;
-  const long long outputs = static_cast<long long>((L * D + L) * sizeof(float));
-  const long long score_matrix = static_cast<long long>(L * L * sizeof(float));
-  for (int threads : {1, detail::max_threads()}) {
-#ifdef _OPENMP
-    omp_set_num_threads(threads);
-#endif
-    live_bytes = 0;
-    peak_bytes = 0;
-    Eigen::internal::set_is_malloc_allowed(false);
-    counting = true;
-    {
-      const auto fwd = sdpa_forward(q, k, v, opts);
-      EXPECT_EQ(fwd.out.size(), L * D);
-    }
-    counting = false;
-    Eigen::internal::set_is_malloc_allowed(true);
-    const long long scratch = peak_bytes.load() - outputs;
-    RecordProperty("threads", threads);
-    RecordProperty("peak_scratch_bytes", static_cast<int>(scratch));
-    const auto workspace_bytes = static_cast<long long>(detail::fused_forward_workspace_bytes<float>(D, D));
-    EXPECT_LE(scratch, threads * workspace_bytes + 4096)
-        << "peak " << peak_bytes.load() << " bytes, outputs " << outputs;
-    EXPECT_LT(peak_bytes.load(), score_matrix / 16);
-    EXPECT_EQ(live_bytes.load(), 0) << "everything allocated during the call is returned or freed with the result";
-  }
-#endif
 }
 
 // The dropout stream of the fused kernels is the reference's: same seed, same kept entries, so the outputs

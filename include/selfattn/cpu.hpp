@@ -211,11 +211,10 @@ inline std::vector<std::pair<std::string, std::string>> kernels_at(Isa selected,
           {"linear layers (projections, FFN) and their backward, float",
            linear_dispatched ? vector_kernel : "Eigen's GEMM, as compiled"},
           {"fused forward and backward, double", generic},
-          {"bfloat16 attention", bf16_products ? "vdpbf16ps dot products (where compiled in: -mavx512bf16)"
+          {"bfloat16 attention", bf16_products ? "avx512_bf16 (vdpbf16ps dot products, 32 bfloat16 per vector)"
                                                : "widened to float, " + vector_kernel},
-          {"decode kernel, grouped and streaming paths (float, 16-bit caches)", vector_kernel},
-          {"few-row projections (a decode step's, float or 16-bit weights)", vector_kernel},
-          {"decode kernel's general path (Eigen's products)", generic}};
+          {"decode kernel, all three paths (float, 16-bit caches)", vector_kernel},
+          {"few-row projections (a decode step's, float or 16-bit weights)", vector_kernel}};
 }
 
 /// The detection and the override, resolved.

@@ -8,15 +8,14 @@
 // softmax.hpp's rules. The merge order is fixed, so the result does not depend on the thread count.
 //
 // The paths (one per file) and the one rule that picks among them, decode_path:
-//   general    decode_general.hpp             any mask, bias, ALiBi or dropout; Eigen products per chunk
+//   general    kernels/decode_general.inc     any mask, bias, ALiBi or dropout; the level's GEMM per chunk
 //   grouped    kernels/decode_grouped.inc     no per-element mask and no dropout; the R = G Lq rows in SIMD lanes
 //   streaming  kernels/decode_streaming.inc   the same conditions and R <= 3: vectorised over D, bound by memory
-// The driver is kernels/decode_driver.inc. The grouped and streaming paths run at the instruction-set level
-// dispatch.hpp selects (decode_fast_path), with that level's driver; the general path at the compiler's flags.
+// The driver is kernels/decode_driver.inc. Every path runs at the instruction-set level dispatch.hpp selects
+// (decode_at_level), with that level's driver.
 // Which kernel (reference, fused, decode) a public call runs is attention.hpp's choice (decode_suits).
 #pragma once
 
-#include <selfattn/detail/decode_general.hpp>
 #include <selfattn/detail/decode_rows.hpp>
 #include <selfattn/detail/decode_scratch.hpp>
 #include <selfattn/detail/dispatch.hpp>
@@ -38,13 +37,6 @@ bool decode_suits(const AttentionParams<T, KV>& p) {
   return p.q_len() <= decode_max_query_rows;
 }
 
-/// The path of the decode kernel that computes a call.
-enum class DecodePath {
-  general,   ///< any mask, bias, ALiBi or dropout
-  grouped,   ///< no per-element mask, no dropout: rows of a key/value head's group in SIMD lanes
-  streaming  ///< the grouped path's conditions and at most streaming_max_rows rows per key/value head
-};
-
 /// Query rows per key/value head up to which the streaming path runs: R = G Lq <= 3 uses at most 3 of the
 /// grouped kernel's 16 float lanes, and the step is bound by memory.
 constexpr Index streaming_max_rows = 3;
@@ -65,11 +57,7 @@ template <typename T, typename KV>
 void decode_forward(const AttentionParams<T, KV>& p, const ForwardOutputs<T>& result, DecodePath path,
                     DecodeScratch<T>& scratch) {
   if (decode_path(p) == DecodePath::general) path = DecodePath::general;
-  switch (path) {
-    case DecodePath::general: run_decode<GeneralDecode<T, KV>>(p, result, scratch); break;
-    case DecodePath::grouped: decode_fast_path(false, p, result, scratch); break;
-    case DecodePath::streaming: decode_fast_path(true, p, result, scratch); break;
-  }
+  decode_at_level(path, p, result, scratch);
 }
 
 /// decode_forward with scratch of its own, allocated for this call.

@@ -1,5 +1,5 @@
-// selfattn/detail/decode_rows.hpp — what the three decode paths (decode_general.hpp, kernels/decode_grouped.inc,
-// kernels/decode_streaming.inc) share: the query rows of one (batch, key/value head) with their masks, and the partial
+// selfattn/detail/decode_rows.hpp — what the three decode paths (kernels/decode_general.inc, decode_grouped.inc,
+// decode_streaming.inc) share: their names,: the query rows of one (batch, key/value head) with their masks, and the partial
 // result a path writes for one chunk of keys. The driver that cuts the keys into chunks, runs a path on each and
 // merges the partials is kernels/decode_driver.inc.
 //
@@ -23,6 +23,13 @@ namespace selfattn::detail {
 /// 16 KB) stay in L1; 32k keys give 128 chunks per key/value head to share among threads. (128 and 512 measured
 /// within noise of 256 on both fast paths.)
 constexpr Index decode_chunk = 256;
+
+/// The path of the decode kernel that computes a call (decode.hpp's rule, decode_path, picks one).
+enum class DecodePath {
+  general,   ///< any mask, bias, ALiBi or dropout (kernels/decode_general.inc)
+  grouped,   ///< no per-element mask, no dropout: rows of a key/value head's group in SIMD lanes
+  streaming  ///< the grouped path's conditions and at most streaming_max_rows rows per key/value head
+};
 
 /// The R query rows of one (batch b, key/value head kv_head), their masks (MaskParams::row) and the key spans
 /// the chunks need.

@@ -6,8 +6,8 @@
 //   double         the generic kernels (as compiled): the double paths are the tests' reference precision
 //   16-bit K, V    float at the selected level, each tile widened as it is used; the bfloat16 dot products
 //                  (fused_forward_bf16.hpp) only where bfloat16_products() says they are the faster path
-//   decode         the grouped and streaming paths of the decode kernel (float, 16-bit K and V widened as read) at
-//                  the selected level; the general path (masks, dropout: Eigen's products) as compiled
+//   decode         the three paths of the decode kernel (float, 16-bit K and V widened as read) at the selected
+//                  level
 //   linear         y = x W^T + b in float, and its backward's dx = dy W and dW = dy^T x (operands read through
 //                  strides, StridedMatrix), at a dispatched level above the compiler's flags: that level's GEMM
 //                  (kernels/gemm.inc); otherwise (generic, -march reaching the level, double) Eigen's, as compiled;
@@ -160,26 +160,18 @@ bool linear_at_level(Index rows, Index out, Index depth, const T* x, Index ldx, 
                           false);
 }
 
-/// The decode kernel's grouped path (streaming = false) or streaming path over keys and values stored as KV, at the
-/// selected level: the driver and the path of one level together (the path's lane-major partials are in that
-/// level's packets).
+/// The decode kernel's path `path` over keys and values stored as KV, at the selected level: the driver and the path
+/// of one level together (a path's lane-major partials are in that level's packets).
 template <typename T, typename KV>
-void decode_fast_path(bool streaming, const AttentionParams<T, KV>& p, const ForwardOutputs<T>& result,
-                      DecodeScratch<T>& scratch) {
+void decode_at_level(DecodePath path, const AttentionParams<T, KV>& p, const ForwardOutputs<T>& result,
+                     DecodeScratch<T>& scratch) {
   at_kernel_level<T>([&](auto level) {
 #if SELFATTN_DISPATCH_X86
-    if constexpr (std::is_same_v<decltype(level), avx512_tag>) {
-      if (streaming) return isa_avx512::run_decode<isa_avx512::StreamingDecode<T, KV>>(p, result, scratch);
-      return isa_avx512::run_decode<isa_avx512::GroupedDecode<T, KV>>(p, result, scratch);
-    }
-    if constexpr (std::is_same_v<decltype(level), avx2_tag>) {
-      if (streaming) return isa_avx2::run_decode<isa_avx2::StreamingDecode<T, KV>>(p, result, scratch);
-      return isa_avx2::run_decode<isa_avx2::GroupedDecode<T, KV>>(p, result, scratch);
-    }
+    if constexpr (std::is_same_v<decltype(level), avx512_tag>) return isa_avx512::run_decode_path(path, p, result, scratch);
+    if constexpr (std::is_same_v<decltype(level), avx2_tag>) return isa_avx2::run_decode_path(path, p, result, scratch);
 #endif
     static_cast<void>(level);
-    if (streaming) return run_decode<StreamingDecode<T, KV>>(p, result, scratch);
-    return run_decode<GroupedDecode<T, KV>>(p, result, scratch);
+    return run_decode_path(path, p, result, scratch);
   });
 }
 
