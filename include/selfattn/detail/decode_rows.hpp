@@ -1,6 +1,6 @@
 // selfattn/detail/decode_rows.hpp — what the three decode paths (kernels/decode_general.inc, decode_grouped.inc,
-// decode_streaming.inc) share: their names,: the query rows of one (batch, key/value head) with their masks, and the partial
-// result a path writes for one chunk of keys. The driver that cuts the keys into chunks, runs a path on each and
+// decode_streaming.inc) share: their names, the query rows of one (batch, key/value head) with their masks, and the
+// partial result a path writes for one chunk of keys. The driver that cuts the keys into chunks, runs a path on each and
 // merges the partials is kernels/decode_driver.inc.
 //
 // Decoding computes few query rows over many keys: every key and value row of a key/value head serves the

@@ -167,8 +167,10 @@ void decode_at_level(DecodePath path, const AttentionParams<T, KV>& p, const For
                      DecodeScratch<T>& scratch) {
   at_kernel_level<T>([&](auto level) {
 #if SELFATTN_DISPATCH_X86
-    if constexpr (std::is_same_v<decltype(level), avx512_tag>) return isa_avx512::run_decode_path(path, p, result, scratch);
-    if constexpr (std::is_same_v<decltype(level), avx2_tag>) return isa_avx2::run_decode_path(path, p, result, scratch);
+    if constexpr (std::is_same_v<decltype(level), avx512_tag>)
+      return isa_avx512::run_decode_path(path, p, result, scratch);
+    if constexpr (std::is_same_v<decltype(level), avx2_tag>)
+      return isa_avx2::run_decode_path(path, p, result, scratch);
 #endif
     static_cast<void>(level);
     return run_decode_path(path, p, result, scratch);
