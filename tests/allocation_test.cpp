@@ -23,6 +23,7 @@ std::atomic<long long> eigen_failures{0};  // failed eigen_asserts: heap allocat
 
 #include <selfattn/attention.hpp>
 #include <selfattn/detail/dispatch.hpp>
+#include <selfattn/half_precision.hpp>
 #include <selfattn/nn/kv_cache.hpp>
 #include <selfattn/nn/module_workspace.hpp>
 #include <selfattn/nn/multihead.hpp>
@@ -632,6 +633,44 @@ TEST(FusedForward, AllocatesNoScoreMatrix) {
     EXPECT_LT(peak_bytes.load(), score_matrix / 16);
     EXPECT_EQ(live_bytes.load(), 0) << "everything allocated during the call is returned or freed with the result";
   }
+}
+
+// A 16-bit call's fused forward holds no float copy of q or of out (1 MiB here): counting every byte finds its
+// outputs (out in 16 bits, lse in float), the tile workspace and, where the BF16 dot products run, their copy of V
+// transposed into pairs (2 bytes per value element). Before, q and out were widened whole into float buffers.
+template <typename S>
+void expect_no_float_copies(const char* type) {
+  const Index L = 2048, D = 64;
+  Random random(48);
+  const auto q = tensor_cast<S>(random.normal_tensor<float, 4>({1, 1, L, D}));
+  const auto k = tensor_cast<S>(random.normal_tensor<float, 4>({1, 1, L, D}));
+  const auto v = tensor_cast<S>(random.normal_tensor<float, 4>({1, 1, L, D}));
+  AttentionOptions<float> opts;
+  opts.causal = Causal::top_left;
+  opts.kernel = Kernel::fused;
+  const long long outputs = static_cast<long long>(L * D * sizeof(S) + L * sizeof(float));
+  const long long value_pairs = static_cast<long long>(L * D * sizeof(S));
+  // Once uncounted: the first call detects the CPU and keeps what it found for the process (905 bytes).
+  static_cast<void>(sdpa_forward(q, k, v, opts));
+  for (int threads : {1, detail::max_threads()}) {
+#ifdef _OPENMP
+    omp_set_num_threads(threads);
+#endif
+    live_bytes = 0;
+    peak_bytes = 0;
+    count_allocations(1, [&] { EXPECT_EQ(sdpa_forward(q, k, v, opts).out.size(), L * D); });
+    // The tile workspace, and the BF16 products' query and probability pairs: far below a float copy of q.
+    const auto workspace = static_cast<long long>(detail::fused_forward_workspace_bytes<float>(D, D)) + 65536;
+    EXPECT_LE(peak_bytes.load() - outputs, threads * workspace + value_pairs)
+        << type << ", " << threads << " threads: peak " << peak_bytes.load() << " bytes, outputs " << outputs;
+    EXPECT_EQ(live_bytes.load(), 0) << type << ", " << threads << " threads";
+  }
+}
+
+TEST(FusedForward, SixteenBitCallHoldsNoFloatCopies) {
+  SKIP_UNDER_TSAN();
+  expect_no_float_copies<bfloat16>("bfloat16");
+  expect_no_float_copies<float16>("float16");
 }
 
 // ---- threads ----------------------------------------------------------------------------------------------------

@@ -263,6 +263,39 @@ TYPED_TEST(HalfPrecisionTest, PublicPathsEqualTheFloatKernelsOnWidenedInputs) {
     }
 }
 
+// The fused kernel reads 16-bit q, k and v in place and rounds out row by row into the caller's memory: views with
+// spare elements after each row (pad 1: odd strides, so the BF16 dot products pack the keys; pad 2: even strides,
+// read in place) and a strided out give bitwise the results of the same call on contiguous copies, at every level.
+TYPED_TEST(HalfPrecisionTest, FusedForwardReadsAndWritesStridedViews) {
+  using S = TypeParam;
+  Random random(404);
+  const Index B = 2, H = 4, Hkv = 2, Lq = 70, Lk = 90, D = 64;
+  for (Index pad : {1, 2}) {
+    const Tensor<S, 4> q_plane = tensor_cast<S>(random.normal_tensor<float, 4>({B, H, Lq, D + pad}));
+    const Tensor<S, 4> k_plane = tensor_cast<S>(random.normal_tensor<float, 4>({B, Hkv, Lk, D + pad}));
+    const Tensor<S, 4> v_plane = tensor_cast<S>(random.normal_tensor<float, 4>({B, Hkv, Lk, D + pad}));
+    const TensorView<const S, 4> q(q_plane.data(), {B, H, Lq, D}, q_plane.strides());
+    const TensorView<const S, 4> k(k_plane.data(), {B, Hkv, Lk, D}, k_plane.strides());
+    const TensorView<const S, 4> v(v_plane.data(), {B, Hkv, Lk, D}, v_plane.strides());
+    Tensor<S, 4> out_plane({B, H, Lq, D + pad});
+    const TensorView<S, 4> out(out_plane.data(), {B, H, Lq, D}, out_plane.strides());
+    Tensor<float, 3> lse({B, H, Lq});
+    AttentionOptions<float> opts;
+    opts.kernel = Kernel::fused;
+    opts.causal = Causal::bottom_right;
+    sdpa_forward_into(q, k, v, out, lse.view(), opts);
+    const AttentionForward<S> dense = sdpa_forward(tensor_cast<S>(q), tensor_cast<S>(k), tensor_cast<S>(v), opts);
+    for (Index b = 0; b < B; ++b)
+      for (Index h = 0; h < H; ++h)
+        for (Index i = 0; i < Lq; ++i) {
+          ASSERT_EQ(lse(b, h, i), dense.lse(b, h, i)) << "pad " << pad << " lse " << b << " " << h << " " << i;
+          for (Index d = 0; d < D; ++d)
+            ASSERT_EQ(bits_of(out(b, h, i, d)), bits_of(dense.out(b, h, i, d)))
+                << "pad " << pad << " out " << b << " " << h << " " << i << " " << d;
+        }
+  }
+}
+
 // Each decode path (general, grouped, streaming) on keys and values stored in 16 bits equals the same path on the
 // widened keys and values to float rounding (1e-6; bitwise but for FMA contraction in scalar tails): the kernels
 // read the cache in place and widen it exactly (a wrong widening is off by 1e-3 or more). Key counts around

@@ -354,38 +354,45 @@ void sdpa_forward_into_views(const char* function, const TensorView<const T, 4>&
   sdpa_forward_into_views(function, q, k, v, out, lse, opts, workspace);
 }
 
-/// The fused kernel on BF16 dot products (fused_forward_bf16.hpp) when it applies: bfloat16 q, k, v (q widened
-/// exactly; a float q, as in a module's step over a bfloat16 cache, would be rounded), the avx512_bf16 level selected
-/// on a CPU where the products beat the FMA (bfloat16_products(), dispatch.hpp), the fused kernel chosen and v free
-/// of inf and NaN. Returns whether it ran.
+/// The fused kernel on BF16 dot products (fused_forward_bf16.hpp) when it applies: bfloat16 q, k, v, the
+/// avx512_bf16 level selected on a CPU where the products beat the FMA (bfloat16_products(), dispatch.hpp) and v
+/// free of inf and NaN. Returns whether it ran.
 template <typename S>
 bool run_forward_bf16_dot([[maybe_unused]] const AttentionParams<float, S>& p,
-                          [[maybe_unused]] const AttentionOptions<float>& opts,
-                          [[maybe_unused]] const ForwardOutputs<float>& outputs,
+                          [[maybe_unused]] const TensorView<const S, 4>& q,
+                          [[maybe_unused]] const ForwardOutputs<float, S>& outputs,
                           [[maybe_unused]] AttentionWorkspace<float>& workspace) {
 #if SELFATTN_BF16_DOT
   if constexpr (std::is_same_v<S, bfloat16>)
-    return bfloat16_products() && forward_kernel(p, opts) == Kernel::fused &&
-           isa_avx512_bf16::fused_forward_bf16(p, outputs, workspace.fused);
+    return bfloat16_products() && isa_avx512_bf16::fused_forward_bf16(p, q, outputs, workspace.fused);
 #endif
   return false;
 }
 
-/// The forward on 16-bit q, k, v (S = bfloat16 or float16) into out (S) and lse, weights (float): q widened to
-/// float (few rows in decoding; read many times by the fused kernel), keys and values read in place by the decode
-/// kernel, a tile at a time by the fused kernel (or as pairs, BF16 dot products), widened once for the reference
-/// kernel; scores, softmax and sums in float, out rounded once to S at the end.
+/// The forward on 16-bit q, k, v (S = bfloat16 or float16) into out (S) and lse, weights (float); scores, softmax
+/// and sums in float, out rounded once to S. The fused kernel reads q, k and v in place (a block of queries and a
+/// tile of keys and values widened at a time, or taken as pairs by the BF16 dot products) and rounds each finished
+/// row of out: it holds no float copy of any of them, so a call allocates no more than a float call does. The decode
+/// kernel reads keys and values in place, q widened (few rows); the reference kernel gets everything widened once.
 /// Arguments validated by the caller.
 template <typename S>
 void run_forward_half(const TensorView<const S, 4>& q, const TensorView<const S, 4>& k,
                       const TensorView<const S, 4>& v, const TensorView<S, 4>& out, const TensorView<float, 3>& lse,
                       const TensorView<float, 4>& weights, const AttentionOptions<float>& opts,
                       AttentionWorkspace<float>& workspace) {
+  // q's shape only, no data: which kernel runs depends on shapes and options, and the fused kernel reads q itself.
+  const TensorView<const float, 4> query_shape(nullptr, q.shape());
+  const AttentionParams<float, S> shape_params = make_stored_params<float, S>(query_shape, k, v, opts);
+  if (forward_kernel(shape_params, opts) == Kernel::fused) {
+    const ForwardOutputs<float, S> outputs{out, lse, TensorView<float, 4>()};
+    if (!run_forward_bf16_dot(shape_params, q, outputs, workspace))
+      fused_forward_stored(shape_params, outputs, workspace.fused, q);
+    return;
+  }
   const TensorView<float, 4> query = widen_into(q, workspace.widened.query);
   const TensorView<float, 4> wide_out = take_buffer<float, 4>(workspace.widened.out, out.shape());
-  const AttentionParams<float, S> params = make_stored_params<float, S>(query, k, v, opts);
-  const ForwardOutputs<float> outputs{wide_out, lse, weights};
-  if (!run_forward_bf16_dot(params, opts, outputs, workspace)) run_forward_stored(params, opts, outputs, workspace);
+  run_forward_stored(make_stored_params<float, S>(query, k, v, opts), opts, ForwardOutputs<float>{wide_out, lse, weights},
+                     workspace);
   convert_planes<float, S>(wide_out, out);
 }
 

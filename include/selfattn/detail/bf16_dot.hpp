@@ -86,7 +86,11 @@ EIGEN_ALWAYS_INLINE void bf16_micro_kernel(Index depth, const Bf16Pair* a, Index
     __m512bh bv[NV];
     unroll<NV>([&](auto v) { bv[v] = (__m512bh)_mm512_loadu_si512(b + p * ldb + v * 16); });
     unroll<MR>([&](auto m) {
-      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[m * ams + p]));
+      // Copied, not dereferenced: a may point into bfloat16 storage read in place (a key tensor whose rows are
+      // pairs already), which no uint32_t lvalue may read.
+      Bf16Pair pair;
+      std::memcpy(&pair, a + m * ams + p, sizeof pair);
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
       unroll<NV>([&](auto v) { acc[m][v] = _mm512_dpbf16_ps(acc[m][v], av, bv[v]); });
     });
   }

@@ -88,20 +88,22 @@ void fused_forward(const AttentionParams<T>& p, const ForwardOutputs<T>& result,
 }
 
 /// The fused forward on keys and values stored as KV (16 bits): each tile widened as it is used (ElementProducts).
-template <typename T, typename KV>
-void fused_forward_stored(const AttentionParams<T, KV>& p, const ForwardOutputs<T>& result,
-                          FusedForwardScratch<T>& scratch) {
+/// With stored_query (a 16-bit call's q) the queries are read from it, a block at a time, and p.q gives only their
+/// shape; out may be stored as KV too (rounded row by row). Neither then needs a float copy of the whole tensor.
+template <typename T, typename KV, typename O>
+void fused_forward_stored(const AttentionParams<T, KV>& p, const ForwardOutputs<T, O>& result,
+                          FusedForwardScratch<T>& scratch, const TensorView<const KV, 4>& stored_query = {}) {
   at_kernel_level<T>([&](auto level) {
 #if SELFATTN_DISPATCH_X86
     if constexpr (std::is_same_v<decltype(level), avx512_tag>)
-      return isa_avx512::fused_forward_blocks(p, result, scratch,
-                                              isa_avx512::ElementProducts<T, KV>{p.head_dim(), p.value_dim()});
+      return isa_avx512::fused_forward_blocks(
+          p, result, scratch, isa_avx512::ElementProducts<T, KV>{p.head_dim(), p.value_dim(), stored_query});
     if constexpr (std::is_same_v<decltype(level), avx2_tag>)
-      return isa_avx2::fused_forward_blocks(p, result, scratch,
-                                            isa_avx2::ElementProducts<T, KV>{p.head_dim(), p.value_dim()});
+      return isa_avx2::fused_forward_blocks(
+          p, result, scratch, isa_avx2::ElementProducts<T, KV>{p.head_dim(), p.value_dim(), stored_query});
 #endif
     static_cast<void>(level);
-    return fused_forward_blocks(p, result, scratch, ElementProducts<T, KV>{p.head_dim(), p.value_dim()});
+    return fused_forward_blocks(p, result, scratch, ElementProducts<T, KV>{p.head_dim(), p.value_dim(), stored_query});
   });
 }
 

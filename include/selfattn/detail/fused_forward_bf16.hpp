@@ -2,8 +2,9 @@
 // dot-product instruction (bf16_dot.hpp): the same blocks, masks, online softmax and outputs as the float kernel
 // (kernels/fused_forward.inc's fused_forward_block), with other products.
 //
-//   S^T = K_tile Q^T   pairs along the head dimension: K's rows are pairs already (packed once per call into
-//                      (B, Hkv, Lk, ceil(D / 2)), a copy that pads an odd D with 0), Q^T packed once per block
+//   S^T = K_tile Q^T   pairs along the head dimension: K's rows are pairs already (read in place; with an odd D
+//                      or odd strides, packed once per call into (B, Hkv, Lk, ceil(D / 2)), an odd D padded with
+//                      0), Q^T packed once per block from the bfloat16 q
 //   O^T += V^T P^T     pairs along the keys: V transposed into (B, Hkv, Dv, ceil(Lk / 2)) once per call, and each
 //                      tile's probabilities P^T rounded to bfloat16 pairs (FlashAttention does the same with its
 //                      16-bit P); the running sums l_i are of the float probabilities, as are lse and the weights
@@ -38,13 +39,15 @@ struct Bf16Products {
   /// Tiles start at even keys, so that the pairs of V^T and P^T never straddle two tiles.
   static constexpr Index key_alignment = 2;
 
-  const micro::Bf16Pair* key_pairs;    // (B, Hkv, Lk, key_row)
-  const micro::Bf16Pair* value_pairs;  // (B, Hkv, Dv, value_row)
-  Index key_row;                       // ceil(D / 2)
-  Index value_row;                     // ceil(Lk / 2)
-  Index kv_heads, k_len, value_dim;
+  TensorView<const bfloat16, 4> query;  // the call's q, read a block at a time (p.q gives only its shape)
+  const micro::Bf16Pair* key_pairs;     // key (b, hk, j) at b * key_batch + hk * key_head + j * key_stride
+  Index key_batch, key_head, key_stride;
+  Index key_row;                        // ceil(D / 2) pairs per key
+  const micro::Bf16Pair* value_pairs;   // (B, Hkv, Dv, value_row)
+  Index value_row;                      // ceil(Lk / 2)
+  Index kv_heads, value_dim;
 
-  const micro::Bf16Pair* keys_of(Index b, Index hk) const { return key_pairs + (b * kv_heads + hk) * k_len * key_row; }
+  const micro::Bf16Pair* keys_of(Index b, Index hk) const { return key_pairs + b * key_batch + hk * key_head; }
   const micro::Bf16Pair* values_of(Index b, Index hk) const {
     return value_pairs + (b * kv_heads + hk) * value_dim * value_row;
   }
@@ -54,20 +57,17 @@ struct Bf16Products {
     w.probability_pairs.assign(static_cast<std::size_t>(isa_avx512::FusedTiles<float>::forward_keys / 2 * lanes), 0);
   }
 
-  /// Q^T as pairs (ceil(D / 2), lanes) of rows [i0, i0 + rows); lanes past the last row stay 0. q holds bfloat16
-  /// values widened exactly, so converting back is exact.
+  /// Q^T as pairs (ceil(D / 2), lanes) of rows [i0, i0 + rows), from the bfloat16 q as it is; lanes past the last
+  /// row stay 0.
   void load_queries(const AttentionParams<float, bfloat16>& p, Index b, Index h, Index i0, Index rows,
                     ForwardWorkspace<float>& w) const {
-    const Index head_dim = p.q.dim(3);
+    const Index head_dim = p.head_dim();
     micro::Bf16Pair* qt = w.query_pairs.data();
     std::fill(w.query_pairs.begin(), w.query_pairs.end(), 0);
-    const float* q = row_pointer(p.q, b, h, i0);
+    const bfloat16* q = row_pointer(query, b, h, i0);
     for (Index i = 0; i < rows; ++i) {
-      const float* row = q + i * p.q.stride(2);
-      for (Index pair = 0; pair < key_row; ++pair) {
-        const Index d = 2 * pair;
-        qt[pair * lanes + i] = micro::make_pair(bfloat16(row[d]), d + 1 < head_dim ? bfloat16(row[d + 1]) : bfloat16(0.0f));
-      }
+      const bfloat16* row = q + i * query.stride(2);
+      for (Index pair = 0; pair < key_row; ++pair) qt[pair * lanes + i] = micro::load_pair(row + 2 * pair, head_dim - 2 * pair);
     }
   }
 
@@ -75,7 +75,7 @@ struct Bf16Products {
   template <typename Epilogue>
   void scores(const AttentionParams<float, bfloat16>&, Index b, Index hk, Index j0, Index width,
               ForwardWorkspace<float>& w, Epilogue& epilogue) const {
-    micro::bf16_gemm_panel<micro::micro_packets>(width, key_row, keys_of(b, hk) + j0 * key_row, key_row,
+    micro::bf16_gemm_panel<micro::micro_packets>(width, key_row, keys_of(b, hk) + j0 * key_stride, key_stride,
                                                  w.query_pairs.data(), lanes, epilogue);
   }
 
@@ -99,32 +99,61 @@ struct Bf16Products {
   }
 };
 
-/// Packs K and V of every (batch, key/value head) into scratch's pairs (the layouts of Bf16Products). Returns
-/// false, with the packing unfinished, when V holds an inf or NaN (the caller then runs the float kernel).
-inline bool pack_bf16_pairs(const AttentionParams<float, bfloat16>& p, FusedForwardScratch<float>& scratch,
-                            Bf16Products& products) {
-  const Index heads = p.batch() * p.kv_heads(), k_len = p.k_len(), head_dim = p.head_dim(), value_dim = p.value_dim();
-  products = Bf16Products{nullptr, nullptr, (head_dim + 1) / 2, (k_len + 1) / 2, p.kv_heads(), k_len, value_dim};
-  grow_to(scratch.key_pairs, heads * k_len * products.key_row);
-  grow_to(scratch.value_pairs, heads * value_dim * products.value_row);
+/// Whether k's rows are pairs already, to be read in place: an even D, every stride even (each row starts a pair)
+/// and the data on a 4-byte boundary.
+inline bool keys_are_pairs(const TensorView<const bfloat16, 4>& k) {
+  const auto address = reinterpret_cast<std::uintptr_t>(k.data());
+  return k.dim(3) % 2 == 0 && k.stride(0) % 2 == 0 && k.stride(1) % 2 == 0 && k.stride(2) % 2 == 0 &&
+         address % sizeof(micro::Bf16Pair) == 0;
+}
+
+/// Points products at the keys as pairs: k itself when its rows are pairs already (keys_are_pairs), else a copy in
+/// scratch, (B, Hkv, Lk, ceil(D / 2)), an odd D padded with 0.
+inline void key_pairs_of(const AttentionParams<float, bfloat16>& p, FusedForwardScratch<float>& scratch,
+                         Bf16Products& products) {
+  const Index k_len = p.k_len(), head_dim = p.head_dim(), row = products.key_row;
+  if (keys_are_pairs(p.k)) {
+    products.key_pairs = reinterpret_cast<const micro::Bf16Pair*>(p.k.data());
+    products.key_batch = p.k.stride(0) / 2;
+    products.key_head = p.k.stride(1) / 2;
+    products.key_stride = p.k.stride(2) / 2;
+    return;
+  }
+  const Index heads = p.batch() * p.kv_heads();
+  grow_to(scratch.key_pairs, heads * k_len * row);
   products.key_pairs = scratch.key_pairs.data();
+  products.key_batch = p.kv_heads() * k_len * row;
+  products.key_head = k_len * row;
+  products.key_stride = row;
+  [[maybe_unused]] const int threads = threads_for(static_cast<double>(heads * k_len * head_dim), heads);
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+#endif
+  for (Index head = 0; head < heads; ++head) {
+    micro::Bf16Pair* keys = scratch.key_pairs.data() + head * k_len * row;
+    for (Index j = 0; j < k_len; ++j) {
+      const bfloat16* key = row_pointer(p.k, head / p.kv_heads(), head % p.kv_heads(), j);
+      for (Index pair = 0; pair < row; ++pair) keys[j * row + pair] = micro::load_pair(key + 2 * pair, head_dim - 2 * pair);
+    }
+  }
+}
+
+/// Packs V of every (batch, key/value head) transposed into scratch's pairs (Bf16Products' layout). Returns false,
+/// with the packing unfinished, when V holds an inf or NaN (the caller then runs the float kernel).
+inline bool value_pairs_of(const AttentionParams<float, bfloat16>& p, FusedForwardScratch<float>& scratch,
+                           Bf16Products& products) {
+  const Index heads = p.batch() * p.kv_heads(), k_len = p.k_len(), value_dim = p.value_dim();
+  grow_to(scratch.value_pairs, heads * value_dim * products.value_row);
   products.value_pairs = scratch.value_pairs.data();
-  const double work = static_cast<double>(heads * k_len) * static_cast<double>(head_dim + value_dim);
-  [[maybe_unused]] const int threads = threads_for(work, heads);
+  [[maybe_unused]] const int threads = threads_for(static_cast<double>(heads * k_len * value_dim), heads);
   int finite = 1;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1) reduction(&& : finite)
 #endif
   for (Index head = 0; head < heads; ++head) {
     const Index b = head / p.kv_heads(), hk = head % p.kv_heads();
-    micro::Bf16Pair* keys = scratch.key_pairs.data() + head * k_len * products.key_row;
     micro::Bf16Pair* values = scratch.value_pairs.data() + head * value_dim * products.value_row;
     std::uint32_t exponents = 0;  // all exponent bits set: inf or NaN
-    for (Index j = 0; j < k_len; ++j) {
-      const bfloat16* key = row_pointer(p.k, b, hk, j);
-      for (Index pair = 0; pair < products.key_row; ++pair)
-        keys[j * products.key_row + pair] = micro::load_pair(key + 2 * pair, head_dim - 2 * pair);
-    }
     for (Index pair = 0; pair < products.value_row; ++pair) {
       const bfloat16* first = row_pointer(p.v, b, hk, 2 * pair);
       const bfloat16* second = 2 * pair + 1 < k_len ? first + p.v.stride(2) : nullptr;
@@ -140,12 +169,19 @@ inline bool pack_bf16_pairs(const AttentionParams<float, bfloat16>& p, FusedForw
   return finite != 0;
 }
 
-/// The fused forward on bfloat16 keys and values (q widened, exactly) with the BF16 dot-product products. Returns
+/// The fused forward on bfloat16 q, k, v with the BF16 dot-product products, out rounded to bfloat16 row by row:
+/// no float copy of q or out. p.q gives q's shape only (its data may be null); `query` holds the queries. Returns
 /// false, having written nothing, when the values hold an inf or NaN: the caller runs the float kernel.
-inline bool fused_forward_bf16(const AttentionParams<float, bfloat16>& p, const ForwardOutputs<float>& result,
-                               FusedForwardScratch<float>& scratch) {
+inline bool fused_forward_bf16(const AttentionParams<float, bfloat16>& p, const TensorView<const bfloat16, 4>& query,
+                               const ForwardOutputs<float, bfloat16>& result, FusedForwardScratch<float>& scratch) {
   Bf16Products products{};
-  if (!pack_bf16_pairs(p, scratch, products)) return false;
+  products.query = query;
+  products.key_row = (p.head_dim() + 1) / 2;
+  products.value_row = (p.k_len() + 1) / 2;
+  products.kv_heads = p.kv_heads();
+  products.value_dim = p.value_dim();
+  if (!value_pairs_of(p, scratch, products)) return false;
+  key_pairs_of(p, scratch, products);
   isa_avx512::fused_forward_blocks(p, result, scratch, products);
   return true;
 }

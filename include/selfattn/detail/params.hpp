@@ -37,10 +37,11 @@ struct AttentionParams {
   Index kv_head(Index h) const { return h / group(); }
 };
 
-/// Outputs of a forward kernel: out (B, H, Lq, Dv), lse (B, H, Lq), weights (B, H, Lq, Lk) or absent.
-template <typename T>
+/// Outputs of a forward kernel: out (B, H, Lq, Dv), lse (B, H, Lq), weights (B, H, Lq, Lk) or absent. O is out's
+/// element type: T, or the 16-bit type of a 16-bit call, which the fused kernel rounds each finished row to.
+template <typename T, typename O = T>
 struct ForwardOutputs {
-  TensorView<T, 4> out;
+  TensorView<O, 4> out;
   TensorView<T, 3> lse;
   TensorView<T, 4> weights;
 };
