@@ -1,13 +1,16 @@
 /// \file
 /// Compile the attention kernels once per program instead of once per translation unit: `extern template`
-/// declarations, for float and double, of the templates that do the work behind the public functions.
+/// declarations, for float and double (and the float kernels on bfloat16 / float16 storage), of the templates
+/// that do the work behind the public functions.
 ///
 /// The public functions (`sdpa_forward`, `sdpa_forward_into`, `sdpa_backward`, `scaled_dot_product_attention`,
 /// `attention_weights`, `linear`, `linear_backward`) are thin templates over their argument types; each forwards
 /// to one function template of the element type alone, which holds the validation and the kernels. Those, the
 /// layers' norm, activation and feed-forward functions, and `MultiHeadAttention`, `FeedForward`, `LayerNorm` /
 /// `RMSNorm` (their base), `TransformerLayer` and `TransformerStack` of `<float>` / `<double>`, are declared here
-/// as instantiated elsewhere, so a translation unit that includes this header compiles none of the kernels.
+/// as instantiated elsewhere, so a translation unit that includes this header compiles none of the kernels. So are
+/// the kernels behind 16-bit storage: the forward on bfloat16 / float16 q, k, v, the forward and decode on 16-bit keys
+/// and values (a 16-bit KV cache) and the projections by 16-bit weights.
 /// Exactly one .cpp file of the program includes <selfattn/instantiate.hpp>, which defines them:
 /// \code
 /// // attention.cpp, the one translation unit that compiles the kernels:
@@ -65,6 +68,8 @@
                                                          const AttentionOptions<T>&);                               \
   KEYWORD void detail::run_forward<T>(const detail::AttentionParams<T>&, const AttentionOptions<T>&,               \
                                       const detail::ForwardOutputs<T>&);                                          \
+  KEYWORD void detail::run_forward<T>(const detail::AttentionParams<T>&, const AttentionOptions<T>&,               \
+                                      const detail::ForwardOutputs<T>&, AttentionWorkspace<T>&);                  \
   KEYWORD void detail::reference_forward<T>(const detail::AttentionParams<T>&, const detail::ForwardOutputs<T>&);  \
   KEYWORD void detail::reference_backward<T>(const detail::AttentionParams<T>&, const detail::BackwardTensors<T>&); \
   KEYWORD void detail::fused_forward<T>(const detail::AttentionParams<T>&, const detail::ForwardOutputs<T>&,         \
@@ -131,8 +136,39 @@
                                                            const std::vector<Index>&) const;                       \
   KEYWORD class TransformerStack<T>
 
+// The kernels on 16-bit storage (S = bfloat16, float16; computed in float): the forward on 16-bit q, k, v, the
+// forward and decode on 16-bit keys and values (a 16-bit KV cache), and the projections by 16-bit weights. Each
+// compiles every dispatch level's kernels for S: most of a 16-bit caller's compile time without these.
+#define SELFATTN_DETAIL_SIXTEEN_BIT_INSTANTIATIONS(KEYWORD, S)                                                     \
+  KEYWORD void detail::run_forward_half<S>(const TensorView<const S, 4>&, const TensorView<const S, 4>&,          \
+                                           const TensorView<const S, 4>&, const TensorView<S, 4>&,                \
+                                           const TensorView<float, 3>&, const TensorView<float, 4>&,              \
+                                           const AttentionOptions<float>&, AttentionWorkspace<float>&);           \
+  KEYWORD void detail::run_forward_stored<float, S>(const detail::AttentionParams<float, S>&,                     \
+                                                    const AttentionOptions<float>&,                              \
+                                                    const detail::ForwardOutputs<float>&, AttentionWorkspace<float>&); \
+  KEYWORD void detail::decode_forward<float, S>(const detail::AttentionParams<float, S>&,                         \
+                                                const detail::ForwardOutputs<float>&, detail::DecodePath,         \
+                                                detail::DecodeScratch<float>&);                                   \
+  KEYWORD void detail::decode_forward<float, S>(const detail::AttentionParams<float, S>&,                         \
+                                                const detail::ForwardOutputs<float>&, detail::DecodePath);        \
+  KEYWORD void detail::decode_forward<float, S>(const detail::AttentionParams<float, S>&,                         \
+                                                const detail::ForwardOutputs<float>&, detail::DecodeScratch<float>&); \
+  KEYWORD void detail::decode_forward<float, S>(const detail::AttentionParams<float, S>&,                         \
+                                                const detail::ForwardOutputs<float>&);                            \
+  KEYWORD void detail::linear_into_stored<float, S>(const TensorView<const float, 3>&, const TensorView<const S, 2>&, \
+                                                    const TensorView<const S, 1>&, const TensorView<float, 3>&,  \
+                                                    detail::StackedProjection<float>&);                          \
+  KEYWORD void detail::fused_qkv_projection_into<float, S>(const TensorView<const float, 3>&,                    \
+                                                           const std::array<TensorView<const S, 2>, 3>&,         \
+                                                           const std::array<TensorView<const S, 1>, 3>&,         \
+                                                           const TensorView<float, 3>&,                          \
+                                                           detail::StackedProjection<float>&)
+
 namespace selfattn {
 SELFATTN_DETAIL_EXPLICIT_INSTANTIATIONS(extern template, float);
 SELFATTN_DETAIL_EXPLICIT_INSTANTIATIONS(extern template, double);
+SELFATTN_DETAIL_SIXTEEN_BIT_INSTANTIATIONS(extern template, bfloat16);
+SELFATTN_DETAIL_SIXTEEN_BIT_INSTANTIATIONS(extern template, float16);
 }  // namespace selfattn
 /// \endcond

@@ -16,5 +16,7 @@
 namespace selfattn {
 SELFATTN_DETAIL_EXPLICIT_INSTANTIATIONS(template, float);
 SELFATTN_DETAIL_EXPLICIT_INSTANTIATIONS(template, double);
+SELFATTN_DETAIL_SIXTEEN_BIT_INSTANTIATIONS(template, bfloat16);
+SELFATTN_DETAIL_SIXTEEN_BIT_INSTANTIATIONS(template, float16);
 }  // namespace selfattn
 /// \endcond
