@@ -25,10 +25,12 @@
 /// the kernels run as that file was compiled. Without it the program does not link (undefined
 /// `selfattn::detail::sdpa_forward_views<float>` and the like). Other element types, and member templates such
 /// as `MultiHeadAttention::forward`, are still compiled where they are used (the latter are thin too: they call
-/// the module's instantiated members). Not included by <selfattn/selfattn.hpp>: it is a choice of the program.
+/// the module's instantiated members). Not included by <selfattn/selfattn.hpp>: it is a choice of the program. The
+/// list of instances, by signature, is internal (detail/instantiation_list.hpp).
 #pragma once
 
 #include <selfattn/attention.hpp>
+#include <selfattn/detail/instantiation_list.hpp>
 #include <selfattn/nn/activation.hpp>
 #include <selfattn/nn/feed_forward.hpp>
 #include <selfattn/nn/multihead.hpp>
@@ -37,134 +39,7 @@
 #include <selfattn/nn/transformer_stack.hpp>
 #include <selfattn/projection.hpp>
 
-#include <array>
-#include <cstdint>
-#include <vector>
-
 /// \cond SELFATTN_INTERNAL
-// The explicit instantiations of one element type T, behind KEYWORD: `extern template` here (declarations),
-// `template` in instantiate.hpp (definitions). One list for both, so they cannot drift apart.
-#define SELFATTN_DETAIL_EXPLICIT_INSTANTIATIONS(KEYWORD, T)                                                         \
-  KEYWORD AttentionForward<T> detail::sdpa_forward_views<T>(const char*, const TensorView<const T, 4>&,            \
-                                                            const TensorView<const T, 4>&,                          \
-                                                            const TensorView<const T, 4>&, const AttentionOptions<T>&); \
-  KEYWORD void detail::sdpa_forward_into_views<T>(const char*, const TensorView<const T, 4>&,                      \
-                                                  const TensorView<const T, 4>&, const TensorView<const T, 4>&,    \
-                                                  const TensorView<T, 4>&, const TensorView<T, 3>&,                \
-                                                  const AttentionOptions<T>&);                                      \
-  KEYWORD void detail::sdpa_forward_into_views<T>(const char*, const TensorView<const T, 4>&,                      \
-                                                  const TensorView<const T, 4>&, const TensorView<const T, 4>&,    \
-                                                  const TensorView<T, 4>&, const TensorView<T, 3>&,                \
-                                                  const AttentionOptions<T>&, AttentionWorkspace<T>&);             \
-  KEYWORD void detail::sdpa_backward_into_views<T>(                                                                \
-      const char*, const TensorView<const T, 4>&, const TensorView<const T, 4>&, const TensorView<const T, 4>&,   \
-      const TensorView<const T, 4>&, const TensorView<const T, 3>&, const TensorView<const T, 4>&,                 \
-      const AttentionGradientViews<T>&, const AttentionOptions<T>&, AttentionWorkspace<T>&);                      \
-  KEYWORD AttentionGradients<T> detail::sdpa_backward_views<T>(                                                    \
-      const char*, const TensorView<const T, 4>&, const TensorView<const T, 4>&, const TensorView<const T, 4>&,   \
-      const TensorView<const T, 4>&, const TensorView<const T, 3>&, const TensorView<const T, 4>&,                 \
-      const AttentionOptions<T>&);                                                                                 \
-  KEYWORD Tensor<T, 4> detail::attention_weights_views<T>(const TensorView<const T, 4>&, const TensorView<const T, 4>&, \
-                                                         const AttentionOptions<T>&);                               \
-  KEYWORD void detail::run_forward<T>(const detail::AttentionParams<T>&, const AttentionOptions<T>&,               \
-                                      const detail::ForwardOutputs<T>&);                                          \
-  KEYWORD void detail::run_forward<T>(const detail::AttentionParams<T>&, const AttentionOptions<T>&,               \
-                                      const detail::ForwardOutputs<T>&, AttentionWorkspace<T>&);                  \
-  KEYWORD void detail::reference_forward<T>(const detail::AttentionParams<T>&, const detail::ForwardOutputs<T>&);  \
-  KEYWORD void detail::reference_backward<T>(const detail::AttentionParams<T>&, const detail::BackwardTensors<T>&); \
-  KEYWORD void detail::fused_forward<T>(const detail::AttentionParams<T>&, const detail::ForwardOutputs<T>&,         \
-                                        detail::FusedForwardScratch<T>&);                                          \
-  KEYWORD void detail::fused_forward<T>(const detail::AttentionParams<T>&, const detail::ForwardOutputs<T>&);        \
-  KEYWORD void detail::fused_backward<T>(const detail::AttentionParams<T>&, const detail::BackwardTensors<T>&,       \
-                                         detail::FusedBackwardScratch<T>&);                                        \
-  KEYWORD void detail::fused_backward<T>(const detail::AttentionParams<T>&, const detail::BackwardTensors<T>&);      \
-  KEYWORD void detail::decode_forward<T>(const detail::AttentionParams<T>&, const detail::ForwardOutputs<T>&,        \
-                                         detail::DecodePath, detail::DecodeScratch<T>&);                           \
-  KEYWORD void detail::decode_forward<T>(const detail::AttentionParams<T>&, const detail::ForwardOutputs<T>&,        \
-                                         detail::DecodePath);                                                      \
-  KEYWORD void detail::decode_forward<T>(const detail::AttentionParams<T>&, const detail::ForwardOutputs<T>&,        \
-                                         detail::DecodeScratch<T>&);                                               \
-  KEYWORD void detail::decode_forward<T>(const detail::AttentionParams<T>&, const detail::ForwardOutputs<T>&);       \
-  KEYWORD void detail::linear_into<T>(const TensorView<const T, 3>&, const TensorView<const T, 2>&,                \
-                                      const TensorView<const T, 1>&, const TensorView<T, 3>&);                     \
-  KEYWORD void detail::linear_into_stored<T, T>(const TensorView<const T, 3>&, const TensorView<const T, 2>&,     \
-                                               const TensorView<const T, 1>&, const TensorView<T, 3>&,            \
-                                               detail::StackedProjection<T>&);                                    \
-  KEYWORD Tensor<T, 3> detail::fused_qkv_projection<T>(const TensorView<const T, 3>&,                              \
-                                                       const std::array<TensorView<const T, 2>, 3>&,              \
-                                                       const std::array<TensorView<const T, 1>, 3>&);             \
-  KEYWORD void detail::fused_qkv_projection_into<T, T>(const TensorView<const T, 3>&,                            \
-                                                        const std::array<TensorView<const T, 2>, 3>&,             \
-                                                        const std::array<TensorView<const T, 1>, 3>&,             \
-                                                        const TensorView<T, 3>&, detail::StackedProjection<T>&);  \
-  KEYWORD LinearGradients<T> linear_backward<T>(const TensorView<const T, 3>&, const TensorView<const T, 2>&,      \
-                                                const TensorView<const T, 3>&, bool);                              \
-  KEYWORD class MultiHeadAttention<T>;                                                                             \
-  KEYWORD Tensor<T, 3> MultiHeadAttention<T>::step_views<T>(const MhaParams<T>&, const TensorView<const T, 3>&,   \
-                                                            KVCache<T, T>&, const AttentionOptions<T>&,             \
-                                                            const std::vector<Index>&) const;                      \
-  KEYWORD void MultiHeadAttention<T>::forward_into_views<T>(const MhaParams<T>&, const TensorView<const T, 3>&,   \
-                                                            const TensorView<const T, 3>&,                          \
-                                                            const TensorView<const T, 3>&, const TensorView<T, 3>&, \
-                                                            MhaWorkspace<T>&, const AttentionOptions<T>&) const;   \
-  KEYWORD void MultiHeadAttention<T>::step_into_views<T>(const MhaParams<T>&, const TensorView<const T, 3>&,      \
-                                                         KVCache<T, T>&, const TensorView<T, 3>&,                  \
-                                                         const AttentionOptions<T>&, const std::vector<Index>&) const; \
-  KEYWORD void detail::norm_forward_into<T>(NormKind, T, const TensorView<const T, 3>&, const TensorView<const T, 1>&, \
-                                            const TensorView<const T, 1>&, const TensorView<T, 3>&,               \
-                                            detail::NormStatistics<T>&);                                           \
-  KEYWORD void detail::norm_backward_into<T>(NormKind, const TensorView<const T, 3>&, const detail::NormStatistics<T>&, \
-                                             const TensorView<const T, 1>&, const TensorView<const T, 3>&,       \
-                                             const TensorView<T, 3>&, const TensorView<T, 1>&,                   \
-                                             const TensorView<T, 1>&);                                             \
-  KEYWORD void detail::activation_forward<T>(Activation, const TensorView<const T, 3>&, const TensorView<T, 3>&);  \
-  KEYWORD void detail::activation_backward<T>(Activation, const TensorView<const T, 3>&, const TensorView<const T, 3>&, \
-                                              const TensorView<T, 3>&);                                           \
-  KEYWORD void detail::feed_forward_forward<T>(Activation, T, std::uint64_t, const TensorView<const T, 3>&,        \
-                                               const detail::FeedForwardWeights<T>&, detail::FeedForwardSaved<T>&, \
-                                               const TensorView<T, 3>&);                                           \
-  KEYWORD Tensor<T, 3> detail::feed_forward_backward<T>(Activation, T, std::uint64_t, const TensorView<const T, 3>&, \
-                                                        const detail::FeedForwardWeights<T>&,                     \
-                                                        const detail::FeedForwardSaved<T>&,                       \
-                                                        const TensorView<const T, 3>&, bool, FeedForwardParams<T>&); \
-  KEYWORD class detail::Normalization<T>;                                                                          \
-  KEYWORD class FeedForward<T>;                                                                                    \
-  KEYWORD class TransformerLayer<T>;                                                                               \
-  KEYWORD Tensor<T, 3> TransformerLayer<T>::run_step<T, T>(const TransformerLayerParams<T>&,                     \
-                                                           const TensorView<const T, 3>&, KVCache<T, T>&,          \
-                                                           const AttentionOptions<T>&,                             \
-                                                           const std::vector<Index>&) const;                       \
-  KEYWORD class TransformerStack<T>
-
-// The kernels on 16-bit storage (S = bfloat16, float16; computed in float): the forward on 16-bit q, k, v, the
-// forward and decode on 16-bit keys and values (a 16-bit KV cache), and the projections by 16-bit weights. Each
-// compiles every dispatch level's kernels for S: most of a 16-bit caller's compile time without these.
-#define SELFATTN_DETAIL_SIXTEEN_BIT_INSTANTIATIONS(KEYWORD, S)                                                     \
-  KEYWORD void detail::run_forward_half<S>(const TensorView<const S, 4>&, const TensorView<const S, 4>&,          \
-                                           const TensorView<const S, 4>&, const TensorView<S, 4>&,                \
-                                           const TensorView<float, 3>&, const TensorView<float, 4>&,              \
-                                           const AttentionOptions<float>&, AttentionWorkspace<float>&);           \
-  KEYWORD void detail::run_forward_stored<float, S>(const detail::AttentionParams<float, S>&,                     \
-                                                    const AttentionOptions<float>&,                              \
-                                                    const detail::ForwardOutputs<float>&, AttentionWorkspace<float>&); \
-  KEYWORD void detail::decode_forward<float, S>(const detail::AttentionParams<float, S>&,                         \
-                                                const detail::ForwardOutputs<float>&, detail::DecodePath,         \
-                                                detail::DecodeScratch<float>&);                                   \
-  KEYWORD void detail::decode_forward<float, S>(const detail::AttentionParams<float, S>&,                         \
-                                                const detail::ForwardOutputs<float>&, detail::DecodePath);        \
-  KEYWORD void detail::decode_forward<float, S>(const detail::AttentionParams<float, S>&,                         \
-                                                const detail::ForwardOutputs<float>&, detail::DecodeScratch<float>&); \
-  KEYWORD void detail::decode_forward<float, S>(const detail::AttentionParams<float, S>&,                         \
-                                                const detail::ForwardOutputs<float>&);                            \
-  KEYWORD void detail::linear_into_stored<float, S>(const TensorView<const float, 3>&, const TensorView<const S, 2>&, \
-                                                    const TensorView<const S, 1>&, const TensorView<float, 3>&,  \
-                                                    detail::StackedProjection<float>&);                          \
-  KEYWORD void detail::fused_qkv_projection_into<float, S>(const TensorView<const float, 3>&,                    \
-                                                           const std::array<TensorView<const S, 2>, 3>&,         \
-                                                           const std::array<TensorView<const S, 1>, 3>&,         \
-                                                           const TensorView<float, 3>&,                          \
-                                                           detail::StackedProjection<float>&)
-
 namespace selfattn {
 SELFATTN_DETAIL_EXPLICIT_INSTANTIATIONS(extern template, float);
 SELFATTN_DETAIL_EXPLICIT_INSTANTIATIONS(extern template, double);

@@ -32,8 +32,8 @@ attention_weights_views|run_forward|\
 fused_forward|fused_forward_block|fused_backward|fused_backward_tile|reference_forward|reference_backward|\
 decode_forward|decode_general|decode_grouped|decode_streaming|linear_into|fused_qkv_projection)[a-z_]*<|\
 selfattn::detail::micro::|selfattn::detail::isa_[a-z0-9]+::|selfattn::linear_backward<|\
-selfattn::MultiHeadAttention<(float|double)>::(forward_views|step_views|step_into_views|backward_views|project)\
-(<[a-z]+>)?\\(")
+selfattn::MultiHeadAttention<(float|double)>::(forward_walk|forward_into_walk|checked_step|step_walk|backward_walk|\
+project)[a-z_]*(<[a-z, ]+>)?\\(")
 string(REGEX MATCHALL "\n[^\n]*(${kernel_names})[^\n]*" offenders "${caller_defined}")
 list(LENGTH offenders offender_count)
 if(offender_count GREATER 0)
@@ -60,12 +60,12 @@ foreach(type IN ITEMS float double)
                         "selfattn::detail::run_forward<${type}>("
                         "selfattn::detail::linear_into<${type}>(" "selfattn::detail::fused_qkv_projection<${type}>("
                         "selfattn::detail::fused_qkv_projection_into<${type}, ${type}>("
-                        "selfattn::linear_backward<${type}>(" "selfattn::MultiHeadAttention<${type}>::forward_views("
-                        "selfattn::MultiHeadAttention<${type}>::step_views<${type}>("
-                        "selfattn::MultiHeadAttention<${type}>::step_into_views<${type}>("
-                        "selfattn::MultiHeadAttention<${type}>::forward_into_views<${type}>("
+                        "selfattn::linear_backward<${type}>(" "selfattn::MultiHeadAttention<${type}>::forward_walk("
+                        "selfattn::MultiHeadAttention<${type}>::checked_step<${type}, ${type}, ${type}>("
+                        "selfattn::MultiHeadAttention<${type}>::step_walk<${type}, ${type}>("
+                        "selfattn::MultiHeadAttention<${type}>::forward_into_walk<${type}>("
                         "selfattn::TransformerLayer<${type}>::run_step<${type}, ${type}>("
-                        "selfattn::MultiHeadAttention<${type}>::backward_views(")
+                        "selfattn::MultiHeadAttention<${type}>::backward_walk(")
     string(FIND "${instances_defined}" "${name}" at)
     if(at EQUAL -1)
       message(FATAL_ERROR "${INSTANCES} does not define ${name}...): <selfattn/instantiate.hpp> misses an instance")

@@ -208,7 +208,7 @@ class FeedForward {
   template <typename X>
   FeedForwardForward<T> forward(X&& x, std::uint64_t seed = 0) const {
     FeedForwardForward<T> f;
-    if constexpr (detail::check_layer_arguments<T, X>()) {
+    if constexpr (detail::check_module_arguments<T, X>()) {
       detail::SavedInput<T> in = detail::save_input<T>(std::forward<X>(x));
       detail::check_shape<3>(forward_name, "x", in.view.shape(), {detail::any_extent, detail::any_extent, config_.embed_dim});
       check_params(forward_name);
@@ -228,7 +228,7 @@ class FeedForward {
   template <typename DO>
   FeedForwardGradients<T> backward(const DO& dout, const FeedForwardForward<T>& f) const {
     FeedForwardGradients<T> g;
-    if constexpr (detail::check_layer_arguments<T, DO>()) {
+    if constexpr (detail::check_module_arguments<T, DO>()) {
       if (!f.saved) detail::throw_invalid(backward_name, "fwd", "is not the result of a forward call");
       detail::check_shape<3>(backward_name, "dout", detail::const_view(dout).shape(), f.output.shape());
       check_params(backward_name);

@@ -1,6 +1,6 @@
 /// \file
 /// How the modules (MultiHeadAttention, the norms, FeedForward, TransformerLayer, TransformerStack) take a
-/// (B, L, features) input: the compile-time check of the argument's type, and the input as a forward keeps it for its
+/// (B, L, features) input: the compile-time rule of the arguments' types, and the input as a forward keeps it for its
 /// backward (a view of the caller's tensor, or the temporary tensor itself, moved in).
 #pragma once
 
@@ -31,17 +31,20 @@ SavedInput<T> save_input(X&& x) {
   }
 }
 
-/// The compile-time rule of the layers' entries (norms, FeedForward, TransformerLayer, TransformerStack):
-/// (batch, length, features) Tensors or TensorViews holding the module's element type T. One sentence per mistake;
-/// true when the rule holds, so that the entry compiles its body only then.
+/// The compile-time rule of every module entry (MultiHeadAttention, the norms, FeedForward, TransformerLayer,
+/// TransformerStack): activations (query, key, value, x, x_new, output, dout) are (batch, length, features) Tensors or
+/// TensorViews holding the module's element type T. One sentence per mistake; true when the rule holds, so that the
+/// entry compiles its body only then.
 template <typename T, typename... X>
-constexpr bool check_layer_arguments() {
+constexpr bool check_module_arguments() {
   constexpr bool tensors = all_tensors<X...>;
   constexpr bool rank_3 = tensors && all_of_rank<3, X...>;
-  static_assert(tensors, "selfattn layer: x, x_new and dout must be selfattn::Tensor or TensorView; an Eigen matrix is "
-                         "not one (see as_view)");
-  static_assert(!tensors || rank_3, "selfattn layer: x, x_new and dout must be rank 3: (batch, length, features)");
-  static_assert(!rank_3 || all_hold<T, X...>, "selfattn layer<T>: x, x_new and dout must hold the layer's element type T");
+  static_assert(tensors, "selfattn module: query, key, value, x, x_new, output and dout must be selfattn::Tensor or "
+                         "TensorView; an Eigen matrix is not one (see as_view)");
+  static_assert(!tensors || rank_3, "selfattn module: query, key, value, x, x_new, output and dout must be rank 3: "
+                                    "(batch, length, features)");
+  static_assert(!rank_3 || all_hold<T, X...>,
+                "selfattn module<T>: query, key, value, x, x_new, output and dout must hold the module's element type T");
   return rank_3 && all_hold<T, X...>;
 }
 
@@ -50,18 +53,22 @@ constexpr bool check_layer_arguments() {
 template <typename T, typename X>
 using activation_of = std::conditional_t<is_half_width_v<scalar_of<X>>, scalar_of<X>, T>;
 
-/// The compile-time rule of the layers' inference entries (TransformerLayer and TransformerStack step): the layer's
-/// type T (check_layer_arguments), or in a float layer a 16-bit x_new, widened on the way in and the output rounded
-/// on the way out.
-template <typename T, typename X>
-constexpr bool check_layer_inference_arguments() {
-  if constexpr (is_half_width_v<scalar_of<X>>) {
-    constexpr bool rank_3 = all_of_rank<3, X>;
-    static_assert(std::is_same_v<T, float>, "selfattn layer: 16-bit activations run in a float layer");
-    static_assert(rank_3, "selfattn layer: x_new must be rank 3: (batch, length, features)");
-    return std::is_same_v<T, float> && rank_3;
+/// The compile-time rule of the inference entries: the module's type T (check_module_arguments), or in a float module
+/// activations that all hold one 16-bit type, widened on the way in and rounded on the way out
+/// (nn/widened_activations.hpp).
+template <typename T, typename X0, typename... X>
+constexpr bool check_inference_arguments() {
+  using A = scalar_of<X0>;
+  if constexpr (is_half_width_v<A>) {
+    constexpr bool rank_3 = all_tensors<X0, X...> && all_of_rank<3, X0, X...>;
+    static_assert(std::is_same_v<T, float>, "selfattn module: 16-bit activations run in a float module");
+    static_assert(rank_3, "selfattn module: query, key, value, x_new and output must be rank 3: (batch, length, "
+                          "features)");
+    static_assert(!rank_3 || all_hold<A, X...>,
+                  "selfattn module: 16-bit activations: query, key, value and output all hold one 16-bit type");
+    return std::is_same_v<T, float> && rank_3 && all_hold<A, X...>;
   } else {
-    return check_layer_arguments<T, X>();
+    return check_module_arguments<T, X0, X...>();
   }
 }
 

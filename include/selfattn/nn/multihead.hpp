@@ -1,12 +1,13 @@
 /// \file
-/// MultiHeadAttentionConfig, MhaParams and the MultiHeadAttention module.
+/// The MultiHeadAttention module: PyTorch's nn.MultiheadAttention (batch_first) plus grouped-query heads, RoPE, ALiBi,
+/// a KV-cache step and inference into caller-owned buffers. Its vocabulary (configuration, parameters, results) is in
+/// nn/multihead_types.hpp, the checks of its entries in nn/multihead_checks.hpp.
 ///
 /// Dimension letters: B batch, Lq query length, Lk key length, E embed dim, H query heads, Hkv key/value
-/// heads, Dh = E / H head dim. Parameters use PyTorch's nn.Linear layout (y = x W^T + b), so the weights
-/// of an nn.MultiheadAttention load as they are.
+/// heads, Dh = E / H head dim.
 ///
 /// The data walks: project (one GEMM for Q|K|V in self-attention) -> split_heads (views) -> RoPE on q, k
-/// -> scaled dot-product attention -> merge_heads -> output projection.
+/// -> scaled dot-product attention, written in the merged (B, L, E) layout -> output projection.
 #pragma once
 
 #include <selfattn/attention.hpp>
@@ -15,8 +16,10 @@
 #include <selfattn/heads.hpp>
 #include <selfattn/nn/kv_cache.hpp>
 #include <selfattn/nn/module_input.hpp>
-#include <selfattn/nn/module_options.hpp>
 #include <selfattn/nn/module_workspace.hpp>
+#include <selfattn/nn/multihead_checks.hpp>
+#include <selfattn/nn/multihead_types.hpp>
+#include <selfattn/nn/widened_activations.hpp>
 #include <selfattn/options.hpp>
 #include <selfattn/positional.hpp>
 #include <selfattn/projection.hpp>
@@ -24,186 +27,15 @@
 
 #include <algorithm>
 #include <array>
-#include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <optional>
-#include <random>
-#include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace selfattn {
 
-/// \brief Configuration of a MultiHeadAttention module. Zero means "the default" where noted.
-///
-/// Shapes it sets: query (B, Lq, embed_dim), key (B, Lk, kdim), value (B, Lk, vdim); H = num_heads query heads
-/// and Hkv = num_kv_heads key/value heads of Dh = embed_dim / num_heads. The module's constructor throws
-/// std::invalid_argument naming the field when the configuration is invalid.
-/// \code
-/// MultiHeadAttentionConfig cfg;
-/// cfg.embed_dim = 512;    // E
-/// cfg.num_heads = 8;      // H, Dh = 64
-/// cfg.num_kv_heads = 2;   // grouped-query attention: 4 query heads per key/value head
-/// cfg.rope_dim = 64;      // rotary embedding on the whole head
-/// \endcode
-struct MultiHeadAttentionConfig {
-  Index embed_dim = 0;       ///< E; must be a multiple of num_heads
-  Index num_heads = 1;       ///< H; head dim Dh = E / H
-  Index num_kv_heads = 0;    ///< Hkv; 0 = num_heads; fewer = grouped-query attention (must divide H)
-  Index kdim = 0;            ///< key input width; 0 = embed_dim
-  Index vdim = 0;            ///< value input width; 0 = embed_dim
-  bool bias = true;          ///< biases on the four projections
-  double dropout = 0.0;      ///< attention-probability dropout in training mode, in [0, 1)
-  Index rope_dim = 0;        ///< 0 = no rotary embedding; else rotate the first rope_dim dims of each q/k head
-  double rope_base = 10000.0;  ///< RoPE frequency base (finite, > 0): theta_i = rope_base^(-2i/rope_dim)
-  RopeStyle rope_style = RopeStyle::half;  ///< RoPE pairing: half (GPT-NeoX, Llama) or interleaved (GPT-J)
-  bool alibi = false;        ///< add ALiBi with alibi_slopes(num_heads)
-};
-
-/// \brief The module's parameters (or their gradients), nn.Linear layout. Biases are empty when !bias.
-///
-/// Shapes: q_weight (E, E), k_weight (Hkv*Dh, kdim), v_weight (Hkv*Dh, vdim), out_weight (E, E);
-/// q_bias (E), k_bias (Hkv*Dh), v_bias (Hkv*Dh), out_bias (E).
-/// \code
-/// MhaParams<float>& P = mha.params();   // PyTorch: in_proj_weight is [q_weight; k_weight; v_weight]
-/// P.out_bias.fill(0.1f);
-/// \endcode
-template <typename T>
-struct MhaParams {
-  /// \var q_weight
-  /// (E, E): query projection, q = query q_weight^T + q_bias.
-  /// \var k_weight
-  /// (Hkv*Dh, kdim): key projection.
-  /// \var v_weight
-  /// (Hkv*Dh, vdim): value projection.
-  /// \var out_weight
-  /// (E, E): output projection, output = merged out_weight^T + out_bias (PyTorch's out_proj.weight).
-  Tensor<T, 2> q_weight, k_weight, v_weight, out_weight;
-  /// \var q_bias
-  /// (E), or empty when the module has no biases.
-  /// \var k_bias
-  /// (Hkv*Dh), or empty when the module has no biases.
-  /// \var v_bias
-  /// (Hkv*Dh), or empty when the module has no biases.
-  /// \var out_bias
-  /// (E), or empty when the module has no biases (PyTorch's out_proj.bias).
-  Tensor<T, 1> q_bias, k_bias, v_bias, out_bias;
-};
-
-/// \brief The parameters with every tensor converted to `To` (tensor_cast: to 16 bits rounded to nearest even; empty
-/// biases stay empty): `params_cast<bfloat16>(mha.params())` is what MultiHeadAttention::step_with's 16-bit
-/// overload reads.
-template <typename To, typename T>
-MhaParams<To> params_cast(const MhaParams<T>& p) {
-  const auto cast = [](const auto& x) { return tensor_cast<To>(x); };
-  return MhaParams<To>{cast(p.q_weight), cast(p.k_weight), cast(p.v_weight), cast(p.out_weight),
-                       cast(p.q_bias),   cast(p.k_bias),   cast(p.v_bias),   cast(p.out_bias)};
-}
-
-namespace detail {
-
-/// The forward's q (after RoPE), k (after RoPE) and v, each head contiguous: q (B, H, Lq, Dh), k and v (B, Hkv, Lk,
-/// Dh). Shared so that copies of a forward result stay valid: never written after the forward.
-template <typename T>
-struct ProjectedHeads {
-  Tensor<T, 4> q, k, v;
-};
-
-/// The compile-time rule of the module's entries: (batch, length, features) Tensors or TensorViews holding the
-/// module's element type T.
-template <typename T, typename... X>
-constexpr bool check_module_arguments() {
-  constexpr bool tensors = all_tensors<X...>;
-  constexpr bool rank_3 = tensors && all_of_rank<3, X...>;
-  static_assert(tensors, "MultiHeadAttention: query, key, value, x, x_new and dout must be selfattn::Tensor or "
-                         "TensorView; an Eigen matrix is not one (see as_view)");
-  static_assert(!tensors || rank_3,
-                "MultiHeadAttention: query, key, value, x, x_new and dout must be rank 3: (batch, length, features)");
-  static_assert(!rank_3 || all_hold<T, X...>,
-                "MultiHeadAttention<T>: query, key, value, x, x_new and dout must hold the module's element type T");
-  return rank_3 && all_hold<T, X...>;
-}
-
-/// The compile-time rule of the inference entries: the module's type T (check_module_arguments), or in a float module
-/// activations that all hold one 16-bit type, widened on the way in and rounded on the way out.
-template <typename T, typename X0, typename... X>
-constexpr bool check_inference_arguments() {
-  using A = scalar_of<X0>;
-  if constexpr (is_half_width_v<A>) {
-    constexpr bool rank_3 = all_tensors<X0, X...> && all_of_rank<3, X0, X...>;
-    static_assert(std::is_same_v<T, float>, "MultiHeadAttention: 16-bit activations run in a float module");
-    static_assert(rank_3, "MultiHeadAttention: query, key, value, x_new and output must be rank 3: (batch, length, "
-                          "features)");
-    static_assert(!rank_3 || all_hold<A, X...>,
-                  "MultiHeadAttention: 16-bit activations: query, key, value and output all hold one 16-bit type");
-    return std::is_same_v<T, float> && rank_3 && all_hold<A, X...>;
-  } else {
-    return check_module_arguments<T, X0, X...>();
-  }
-}
-
-}  // namespace detail
-
-/// \brief What MultiHeadAttention::forward returns: the output, optional per-head weights, and what
-/// the backward pass needs.
-///
-/// Shapes: output (B, Lq, E); weights (B, H, Lq, Lk) when opts.need_weights, else empty.
-/// \code
-/// AttentionOptions<float> opts;
-/// opts.need_weights = true;
-/// MhaForward<float> fwd = mha.forward(x, opts);   // x (B, L, E)
-/// float w = fwd.weights(0, 2, 4, 1);              // batch 0, head 2: query 4 attends to key 1
-/// \endcode
-template <typename T>
-struct MhaForward {
-  Tensor<T, 3> output;   ///< (B, Lq, E): the module's output
-  Tensor<T, 4> weights;  ///< (B, H, Lq, Lk): per-head attention probabilities when opts.need_weights, else empty
-
-  /// \name Saved for the backward pass
-  /// Views of the inputs. An input passed as a named tensor (or a view) is the caller's to keep alive until
-  /// backward; one passed as a temporary Tensor was moved into `kept` by the forward.
-  ///@{
-  /// \var query
-  /// (B, Lq, E): view of the query input.
-  /// \var key
-  /// (B, Lk, kdim): view of the key input.
-  /// \var value
-  /// (B, Lk, vdim): view of the value input.
-  TensorView<const T, 3> query, key, value;
-  /// Internal: the attention's q, k (after RoPE) and v, each head contiguous, (B, H, Lq, Dh) and (B, Hkv, Lk, Dh).
-  std::shared_ptr<const detail::ProjectedHeads<T>> heads;
-  AttentionForward<T> attention;      ///< out (B, H, Lq, Dh) and lse (B, H, Lq); weights moved to `weights`
-  Tensor<T, 3> merged;                ///< merge_heads(attention.out), the input of the output projection
-  AttentionOptions<T> options;        ///< the options the attention ran with (ALiBi, dropout filled in)
-  /// Internal: the inputs that were passed as temporaries, moved here so that query, key and value stay valid
-  /// until backward; shared, so that copies of this result stay valid too. Null for inputs the caller owns.
-  std::array<std::shared_ptr<const Tensor<T, 3>>, 3> kept;
-  ///@}
-};
-
-/// \brief What MultiHeadAttention::backward returns: input gradients d_query (B, Lq, E), d_key (B, Lk, kdim),
-/// d_value (B, Lk, vdim) — for self-attention the gradient of x is their sum — and the parameter gradients
-/// under the names and shapes of params().
-///
-/// Shapes: d_query (B, Lq, E), d_key (B, Lk, kdim), d_value (B, Lk, vdim); params as MhaParams.
-/// \code
-/// MhaForward<float> fwd = mha.forward(x);
-/// MhaGradients<float> g = mha.backward(dout, fwd);   // dout (B, L, E)
-/// // self-attention: dx = g.d_query + g.d_key + g.d_value; g.params.q_weight is (E, E)
-/// \endcode
-template <typename T>
-struct MhaGradients {
-  /// \var d_query
-  /// (B, Lq, E): gradient of the query input.
-  /// \var d_key
-  /// (B, Lk, kdim): gradient of the key input.
-  /// \var d_value
-  /// (B, Lk, vdim): gradient of the value input.
-  Tensor<T, 3> d_query, d_key, d_value;
-  MhaParams<T> params;  ///< gradients of every parameter, same names and shapes as params()
-};
 
 /// \brief Multi-head attention, PyTorch's nn.MultiheadAttention (batch_first) plus grouped-query heads,
 /// RoPE and ALiBi.
@@ -228,11 +60,11 @@ class MultiHeadAttention {
   /// The default seed is 0: every module built without a seed has the SAME weights (PyTorch draws a fresh
   /// initialisation per module; there is no global generator here). Give each module you build its own seed.
   explicit MultiHeadAttention(const MultiHeadAttentionConfig& config, std::uint64_t seed = 0)
-      : config_(normalized(config)), head_dim_(config_.embed_dim / config_.num_heads) {
+      : config_(detail::normalized_config(config)), head_dim_(config_.embed_dim / config_.num_heads) {
     if (config_.rope_dim > 0)
       rope_.emplace(config_.rope_dim, static_cast<T>(config_.rope_base), config_.rope_style);
     if (config_.alibi) alibi_ = alibi_slopes<T>(config_.num_heads);
-    initialize(seed);
+    params_ = detail::pytorch_initial_params<T>(config_, seed);
   }
 
   /// The configuration with its defaults filled in (num_kv_heads, kdim, vdim never 0).
@@ -266,7 +98,7 @@ class MultiHeadAttention {
       detail::SavedInput<T> q = detail::save_input<T>(std::forward<Q>(query));
       detail::SavedInput<T> k = detail::save_input<T>(std::forward<K>(key));
       detail::SavedInput<T> v = detail::save_input<T>(std::forward<V>(value));
-      MhaForward<T> f = forward_views(params_, q.view, k.view, v.view, opts);
+      MhaForward<T> f = forward_walk(params_, q.view, k.view, v.view, opts);
       f.kept = {std::move(q.owned), std::move(k.owned), std::move(v.owned)};
       return f;
     } else {
@@ -284,14 +116,7 @@ class MultiHeadAttention {
   /// \endcode
   template <typename X>
   MhaForward<T> forward(X&& x, const AttentionOptions<T>& opts = {}) const {
-    if constexpr (detail::check_module_arguments<T, X>()) {
-      detail::SavedInput<T> saved = detail::save_input<T>(std::forward<X>(x));
-      MhaForward<T> f = forward_views(params_, saved.view, saved.view, saved.view, opts);
-      f.kept[0] = std::move(saved.owned);
-      return f;
-    } else {
-      return {};
-    }
+    return forward_with(params_, std::forward<X>(x), opts);
   }
 
   /// \brief A key/value cache for incremental decoding of `batch` sequences with this module (see step).
@@ -331,7 +156,7 @@ class MultiHeadAttention {
   template <typename X, typename S>
   Tensor<detail::activation_of<T, X>, 3> step(const X& x_new, KVCache<T, S>& cache, const AttentionOptions<T>& opts = {},
                                               const std::vector<Index>& new_tokens = {}) const {
-    return step_any<S, T>(params_, x_new, cache, opts, new_tokens);
+    return step_with(params_, x_new, cache, opts, new_tokens);
   }
 
   /// \brief step into a caller-owned output, with every buffer of the step in the cache's workspace
@@ -355,7 +180,7 @@ class MultiHeadAttention {
   template <typename X, typename S>
   void step_into(const X& x_new, KVCache<T, S>& cache, const TensorView<detail::activation_of<T, X>, 3>& output,
                  const AttentionOptions<T>& opts = {}, const std::vector<Index>& new_tokens = {}) const {
-    step_into_any<S, T>(params_, x_new, cache, output, opts, new_tokens);
+    step_into_with(params_, x_new, cache, output, opts, new_tokens);
   }
 
   /// \brief Inference forward into a caller-owned output with every buffer in `workspace`: after a first call of a
@@ -376,7 +201,7 @@ class MultiHeadAttention {
   template <typename Q, typename K, typename V>
   void forward_into(const Q& query, const K& key, const V& value, const TensorView<detail::activation_of<T, Q>, 3>& output,
                     MhaWorkspace<T>& workspace, const AttentionOptions<T>& opts = {}) const {
-    forward_into_any<T>(params_, query, key, value, output, workspace, opts);
+    forward_into_with(params_, query, key, value, output, workspace, opts);
   }
 
   /// Gradients of a scalar loss given dout = d loss / d fwd.output (B, Lq, E). The parameters must be
@@ -394,10 +219,7 @@ class MultiHeadAttention {
   /// \endcode
   template <typename DO>
   MhaGradients<T> backward(const DO& dout, const MhaForward<T>& f) const {
-    if constexpr (detail::check_module_arguments<T, DO>())
-      return backward_views(params_, detail::const_view(dout), f);
-    else
-      return {};
+    return backward_with(params_, dout, f);
   }
 
   /// \brief forward(x, opts) (self-attention, x (B, L, E)) with `parameters` in place of params().
@@ -417,7 +239,7 @@ class MultiHeadAttention {
   MhaForward<T> forward_with(const MhaParams<T>& parameters, X&& x, const AttentionOptions<T>& opts = {}) const {
     if constexpr (detail::check_module_arguments<T, X>()) {
       detail::SavedInput<T> saved = detail::save_input<T>(std::forward<X>(x));
-      MhaForward<T> f = forward_views(parameters, saved.view, saved.view, saved.view, opts);
+      MhaForward<T> f = forward_walk(parameters, saved.view, saved.view, saved.view, opts);
       f.kept[0] = std::move(saved.owned);
       return f;
     } else {
@@ -429,7 +251,7 @@ class MultiHeadAttention {
   template <typename DO>
   MhaGradients<T> backward_with(const MhaParams<T>& parameters, const DO& dout, const MhaForward<T>& f) const {
     if constexpr (detail::check_module_arguments<T, DO>())
-      return backward_views(parameters, detail::const_view(dout), f);
+      return backward_walk(parameters, detail::const_view(dout), f);
     else
       return {};
   }
@@ -439,7 +261,7 @@ class MultiHeadAttention {
   Tensor<detail::activation_of<T, X>, 3> step_with(const MhaParams<T>& parameters, const X& x_new, KVCache<T, S>& cache,
                                                    const AttentionOptions<T>& opts = {},
                                                    const std::vector<Index>& new_tokens = {}) const {
-    return step_any<S, T>(parameters, x_new, cache, opts, new_tokens);
+    return step_into_new_output<S, T>(parameters, x_new, cache, opts, new_tokens);
   }
 
   /// \brief step with 16-bit parameters (P = bfloat16 or float16, the module float): inference over a KV cache
@@ -461,7 +283,7 @@ class MultiHeadAttention {
                                                    const AttentionOptions<T>& opts = {},
                                                    const std::vector<Index>& new_tokens = {}) const {
     static_assert(std::is_same_v<T, float>, "MultiHeadAttention: 16-bit parameters run in a float module");
-    return step_any<S, P>(parameters, x_new, cache, opts, new_tokens);
+    return step_into_new_output<S, P>(parameters, x_new, cache, opts, new_tokens);
   }
 
   /// step_into(x_new, cache, output, opts, new_tokens) with `parameters` (of T, or 16-bit as for step_with) in place
@@ -472,7 +294,11 @@ class MultiHeadAttention {
                       const std::vector<Index>& new_tokens = {}) const {
     static_assert(std::is_same_v<P, T> || (std::is_same_v<T, float> && is_half_width_v<P>),
                   "MultiHeadAttention: parameters of the module's type, or 16-bit ones in a float module");
-    step_into_any<S, P>(parameters, x_new, cache, output, opts, new_tokens);
+    if constexpr (detail::check_inference_arguments<T, X, TensorView<detail::activation_of<T, X>, 3>>()) {
+      const auto x = detail::const_view(x_new);
+      detail::check_mha_step_output(config_, x, cache, output, opts, step_into_name);
+      checked_step<S, P>(parameters, step_into_name, x, cache, output, cache.step_workspace(), opts, new_tokens);
+    }
   }
 
   /// \brief forward_into(query, key, value, output, workspace, opts) with `parameters` (of T, or 16-bit: P =
@@ -494,58 +320,192 @@ class MultiHeadAttention {
                          const AttentionOptions<T>& opts = {}) const {
     static_assert(std::is_same_v<P, T> || (std::is_same_v<T, float> && is_half_width_v<P>),
                   "MultiHeadAttention: parameters of the module's type, or 16-bit ones in a float module");
-    forward_into_any<P>(parameters, query, key, value, output, workspace, opts);
+    using A = detail::activation_of<T, Q>;
+    if constexpr (detail::check_inference_arguments<T, Q, K, V, TensorView<A, 3>>()) {
+      const std::array<TensorView<const A, 3>, 3> inputs{detail::const_view(query), detail::const_view(key),
+                                                         detail::const_view(value)};
+      detail::check_mha_forward_into(config_, training_, parameters, inputs[0], inputs[1], inputs[2], output, opts,
+                                     forward_into_name);
+      detail::run_on_activations<T>(inputs, output, workspace, [&](const auto& wide, const TensorView<T, 3>& out) {
+        forward_into_walk(parameters, wide[0], wide[1], wide[2], out, workspace, opts);
+      });
+    }
   }
 
- private:
-  // The inference entries' dispatch on the activations' type A (detail::activation_of): T runs the module's walk on
-  // the caller's tensors; 16 bits (in a float module) widen the inputs exactly into the workspace, run the same walk
-  // into a float output there, and round it once into the caller's output. Every argument is checked first.
 
+ private:
+  static constexpr const char* forward_name = "MultiHeadAttention::forward";
+  static constexpr const char* backward_name = "MultiHeadAttention::backward";
+  static constexpr const char* forward_into_name = "MultiHeadAttention::forward_into";
+  static constexpr const char* step_name = "MultiHeadAttention::step";
+  static constexpr const char* step_into_name = "MultiHeadAttention::step_into";
+
+  // --- The walks. Each entry checks its arguments once (multihead_checks.hpp), then walks; 16-bit activations walk
+  // in float on widened copies (widened_activations.hpp).
+
+  /// forward: project -> split into heads -> attend -> project the output, keeping what backward reads.
+  MhaForward<T> forward_walk(const MhaParams<T>& parameters, const TensorView<const T, 3>& query,
+                             const TensorView<const T, 3>& key, const TensorView<const T, 3>& value,
+                             const AttentionOptions<T>& opts) const {
+    detail::check_mha_forward(config_, training_, parameters, query, key, value, opts, forward_name);
+    MhaForward<T> f;
+    f.query = query;
+    f.key = key;
+    f.value = value;
+    auto projected = std::make_shared<detail::ProjectedHeads<T>>(project_heads(parameters, query, key, value));
+    forward_options(opts, f.options);
+    const Index batch = query.dim(0), q_len = query.dim(1), heads = config_.num_heads;
+    f.attention.out = Tensor<T, 4>({batch, heads, q_len, head_dim_});
+    f.attention.lse = Tensor<T, 3>({batch, heads, q_len});
+    if (f.options.need_weights) f.weights = Tensor<T, 4>({batch, heads, q_len, key.dim(1)});
+    f.merged = Tensor<T, 3>({batch, q_len, config_.embed_dim});
+    f.output = Tensor<T, 3>({batch, q_len, config_.embed_dim});
+    AttentionWorkspace<T> workspace;
+    detail::StackedProjection<T> unused;  // T parameters: linear_into_stored runs linear_into
+    attend_and_project(parameters, forward_name, {projected->q.view(), projected->k.view(), projected->v.view()},
+                       f.options, f.attention.out.view(), f.attention.lse.view(),
+                       f.weights.data() ? f.weights.view() : TensorView<T, 4>(), f.merged.view(), f.output.view(),
+                       workspace, unused);
+    f.heads = std::move(projected);
+    return f;
+  }
+
+  /// forward_into's walk on checked float activations, every buffer in `ws`; parameters stored as P (T, or 16 bits).
+  template <typename P>
+  void forward_into_walk(const MhaParams<P>& parameters, const TensorView<const T, 3>& query,
+                         const TensorView<const T, 3>& key, const TensorView<const T, 3>& value,
+                         const TensorView<T, 3>& output, MhaWorkspace<T>& ws, const AttentionOptions<T>& opts) const {
+    const Index batch = query.dim(0), q_len = query.dim(1), k_len = key.dim(1), e = config_.embed_dim;
+    forward_options(opts, ws.options);
+    std::array<TensorView<T, 3>, 3> projections;
+    if (is_self_attention(query, key, value)) {
+      const TensorView<T, 3> qkv = MhaWorkspace<T>::take(ws.projection, std::array<Index, 3>{batch, q_len, projection_width()});
+      project_self_into(parameters, query, qkv, ws.stacked);
+      projections = projection_blocks(qkv);
+    } else {  // three contiguous blocks of one buffer
+      const Index kv = config_.num_kv_heads * head_dim_;
+      T* base = MhaWorkspace<T>::take(ws.projection, std::array<Index, 1>{batch * (q_len * e + 2 * k_len * kv)}).data();
+      projections = {TensorView<T, 3>(base, {batch, q_len, e}),
+                     TensorView<T, 3>(base + batch * q_len * e, {batch, k_len, kv}),
+                     TensorView<T, 3>(base + batch * (q_len * e + k_len * kv), {batch, k_len, kv})};
+      detail::linear_into_stored<T, P>(query, parameters.q_weight.view(), parameters.q_bias.view(), projections[0],
+                                       ws.stacked);
+      detail::linear_into_stored<T, P>(key, parameters.k_weight.view(), parameters.k_bias.view(), projections[1],
+                                       ws.key_weights);
+      detail::linear_into_stored<T, P>(value, parameters.v_weight.view(), parameters.v_bias.view(), projections[2],
+                                       ws.value_weights);
+    }
+    const TensorView<T, 3> merged = MhaWorkspace<T>::take(ws.merged, std::array<Index, 3>{batch, q_len, e});
+    const TensorView<T, 3> lse = MhaWorkspace<T>::take(ws.lse, std::array<Index, 3>{batch, config_.num_heads, q_len});
+    const std::array<TensorView<T, 4>, 3> qkv{split_heads(projections[0], config_.num_heads),
+                                              split_heads(projections[1], config_.num_kv_heads),
+                                              split_heads(projections[2], config_.num_kv_heads)};
+    attend_and_project(parameters, forward_into_name, qkv, ws.options, split_heads(merged, config_.num_heads), lse,
+                       TensorView<T, 4>(), merged, output, ws.attention, ws.output_weights);
+  }
+
+  /// step and step_with: step into a new output, with a workspace of its own for the call.
   template <typename S, typename P, typename X>
-  Tensor<detail::activation_of<T, X>, 3> step_any(const MhaParams<P>& parameters, const X& x_new, KVCache<T, S>& cache,
-                                                  const AttentionOptions<T>& opts,
-                                                  const std::vector<Index>& new_tokens) const {
+  Tensor<detail::activation_of<T, X>, 3> step_into_new_output(const MhaParams<P>& parameters, const X& x_new,
+                                                              KVCache<T, S>& cache, const AttentionOptions<T>& opts,
+                                                              const std::vector<Index>& new_tokens) const {
     using A = detail::activation_of<T, X>;
     if constexpr (!detail::check_inference_arguments<T, X>()) {
       return {};
-    } else if constexpr (std::is_same_v<A, T>) {
-      return step_views_with<S, P>(parameters, detail::const_view(x_new), cache, opts, new_tokens);
     } else {
       const TensorView<const A, 3> x = detail::const_view(x_new);
+      // The output's shape needs x checked first; checked_step checks everything (cheap) before any work.
       detail::check_shape<3>(step_name, "x_new", x.shape(), {cache.batch(), detail::any_extent, config_.embed_dim});
       Tensor<A, 3> output({x.dim(0), x.dim(1), config_.embed_dim});
       MhaWorkspace<T> ws;
-      step_widened<S, P, A>(parameters, step_name, x, cache, opts, new_tokens, output.view(), ws);
+      checked_step<S, P>(parameters, step_name, x, cache, output.view(), ws, opts, new_tokens);
       return output;
     }
   }
 
-  template <typename S, typename P, typename X, typename A>
-  void step_into_any(const MhaParams<P>& parameters, const X& x_new, KVCache<T, S>& cache,
-                     const TensorView<A, 3>& output, const AttentionOptions<T>& opts,
-                     const std::vector<Index>& new_tokens) const {
-    if constexpr (detail::check_inference_arguments<T, X, TensorView<A, 3>>())
-      step_into_views_with<S, P, A>(parameters, detail::const_view(x_new), cache, output, opts, new_tokens);
+  /// Every check of a step, once, then its walk on the activations of A (widened when 16-bit).
+  template <typename S, typename P, typename A>
+  void checked_step(const MhaParams<P>& parameters, const char* function, const TensorView<const A, 3>& x,
+                    KVCache<T, S>& cache, const TensorView<A, 3>& output, MhaWorkspace<T>& ws,
+                    const AttentionOptions<T>& opts, const std::vector<Index>& new_tokens) const {
+    detail::check_mha_step(config_, parameters, x, cache, opts, new_tokens, ws.counts, function);
+    detail::run_on_activations<T>(std::array<TensorView<const A, 3>, 1>{x}, output, ws,
+                                  [&](const auto& wide, const TensorView<T, 3>& out) {
+                                    step_walk(parameters, wide[0], cache, opts, out, ws);
+                                  });
   }
 
-  template <typename P, typename Q, typename K, typename V, typename A>
-  void forward_into_any(const MhaParams<P>& parameters, const Q& query, const K& key, const V& value,
-                        const TensorView<A, 3>& output, MhaWorkspace<T>& ws, const AttentionOptions<T>& opts) const {
-    if constexpr (!detail::check_inference_arguments<T, Q, K, V, TensorView<A, 3>>())
-      return;
-    else if constexpr (std::is_same_v<A, T>)
-      forward_into_views(parameters, detail::const_view(query), detail::const_view(key), detail::const_view(value),
-                         output, ws, opts);
-    else
-      forward_into_widened(parameters, detail::const_view(query), detail::const_view(key), detail::const_view(value),
-                           output, ws, opts);
+  /// The data walk of a checked step (ws.counts holds each sequence's real new rows), into `output` with every buffer
+  /// in `ws`: project -> rotate at each sequence's next positions -> append to the cache -> attend over the cache's
+  /// views straight into the merged heads -> output projection.
+  template <typename S, typename P>
+  void step_walk(const MhaParams<P>& parameters, const TensorView<const T, 3>& x, KVCache<T, S>& cache,
+                 const AttentionOptions<T>& opts, const TensorView<T, 3>& output, MhaWorkspace<T>& ws) const {
+    const std::vector<Index>& counts = ws.counts;
+    const Index batch = x.dim(0), new_len = x.dim(1), e = config_.embed_dim;
+
+    // Project the new tokens and rotate them: sequence b's row l at absolute position positions()[b] + l.
+    const TensorView<T, 3> qkv = MhaWorkspace<T>::take(ws.projection, std::array<Index, 3>{batch, new_len, projection_width()});
+    project_self_into(parameters, x, qkv, ws.stacked);
+    const std::array<TensorView<T, 3>, 3> projections = projection_blocks(qkv);
+    const TensorView<T, 4> q = split_heads(projections[0], config_.num_heads);
+    const TensorView<T, 4> k = split_heads(projections[1], config_.num_kv_heads);
+    const TensorView<T, 4> v = split_heads(projections[2], config_.num_kv_heads);
+    if (rope_) {
+      rope_->apply(q, cache.positions());
+      rope_->apply(k, cache.positions());
+    }
+
+    // Append and attend, sequence by sequence, with Causal::bottom_right over everything cached. An evicting
+    // cache takes one row at a time, so that every row sees exactly the sinks and the last `window` tokens.
+    AttentionOptions<T>& attention_opts = ws.options;
+    attention_opts = opts;  // checked: dropout_p 0, need_weights false, causal none or bottom_right
+    attention_opts.causal = Causal::bottom_right;
+    if (config_.alibi) attention_opts.alibi_slopes = alibi_;
+    // The heads are written into the merged (B, Lnew, E) layout directly; padding rows stay 0.
+    const TensorView<T, 3> merged = MhaWorkspace<T>::take(ws.merged, std::array<Index, 3>{batch, new_len, e});
+    std::fill(merged.data(), merged.data() + merged.size(), T(0));
+    const TensorView<T, 4> attention = split_heads(merged, config_.num_heads);
+    const TensorView<T, 3> lse = MhaWorkspace<T>::take(ws.lse, std::array<Index, 3>{batch, config_.num_heads, new_len});
+    ws.lengths_before.assign(cache.lengths().begin(), cache.lengths().end());
+    const bool evicting = cache.policy().evicts();
+    const Index rows_per_pass = evicting ? 1 : new_len;
+    // The decode kernel's partials grow with the keys: room for the cache's capacity at once.
+    ws.attention.reserve_decode(config_.num_kv_heads, (config_.num_heads / config_.num_kv_heads) * rows_per_pass,
+                                cache.capacity(), head_dim_);
+    try {
+      for (Index l0 = 0; l0 < new_len; l0 += rows_per_pass)
+        for (Index b = 0; b < batch; ++b) {
+          const Index rows = std::min(rows_per_pass, counts[static_cast<std::size_t>(b)] - l0);
+          if (rows <= 0) continue;
+          cache.append(b, rows_of(k, b, l0, rows)[0], rows_of(v, b, l0, rows)[0], rope_ ? &*rope_ : nullptr);
+          const Index keys = cache.lengths()[static_cast<std::size_t>(b)];
+          // The options were checked against every sequence's keys (check_mha_step): this sequence's slice of them
+          // goes to the kernels as it is.
+          detail::options_for_sequence(attention_opts, b, l0, rows, keys, ws.sequence_options);
+          const TensorView<const T, 4> q_rows = rows_of(q, b, l0, rows);
+          detail::run_forward_stored(
+              detail::make_stored_params<T, S>(q_rows, cache.sequence_keys(b), cache.sequence_values(b),
+                                               ws.sequence_options),
+              ws.sequence_options,
+              detail::ForwardOutputs<T>{rows_of(attention, b, l0, rows), rows_of(lse, b, l0, rows), TensorView<T, 4>()},
+              ws.attention);
+        }
+    } catch (...) {  // out of memory mid-step: a keep-all cache goes back to where it was
+      if (!evicting)
+        for (Index b = 0; b < batch; ++b) cache.truncate(b, ws.lengths_before[static_cast<std::size_t>(b)]);
+      throw;
+    }
+    detail::linear_into_stored<T, P>(merged, parameters.out_weight.view(), parameters.out_bias.view(), output,
+                                     ws.output_weights);
   }
 
-  MhaGradients<T> backward_views(const MhaParams<T>& parameters, const TensorView<const T, 3>& dy, const MhaForward<T>& f) const {
+  /// backward: the forward's walk in reverse.
+  MhaGradients<T> backward_walk(const MhaParams<T>& parameters, const TensorView<const T, 3>& dy,
+                                const MhaForward<T>& f) const {
     if (!f.heads) detail::throw_invalid(backward_name, "fwd", "is not the result of a forward call");
     detail::check_shape<3>(backward_name, "dout", dy.shape(), f.output.shape());
-    check_params(parameters, backward_name);
+    detail::check_mha_params(config_, parameters, backward_name);
     MhaGradients<T> g;
 
     // output = merged W_out^T + b_out
@@ -579,104 +539,12 @@ class MultiHeadAttention {
     return g;
   }
 
-  static constexpr const char* forward_name = "MultiHeadAttention::forward";
-  static constexpr const char* backward_name = "MultiHeadAttention::backward";
+  // --- The steps the walks share.
 
-  static MultiHeadAttentionConfig normalized(MultiHeadAttentionConfig c) {
-    const char* fn = "MultiHeadAttention";
-    if (c.embed_dim < 1) detail::throw_invalid(fn, "cfg.embed_dim", "expected >= 1, got " + std::to_string(c.embed_dim));
-    if (c.num_heads < 1 || c.embed_dim % c.num_heads != 0)
-      detail::throw_invalid(fn, "cfg.num_heads",
-                            "expected a divisor of embed_dim = " + std::to_string(c.embed_dim) + ", got " +
-                                std::to_string(c.num_heads));
-    if (c.num_kv_heads == 0) c.num_kv_heads = c.num_heads;
-    if (c.num_kv_heads < 1 || c.num_heads % c.num_kv_heads != 0)
-      detail::throw_invalid(fn, "cfg.num_kv_heads",
-                            "expected 0 or a divisor of num_heads = " + std::to_string(c.num_heads) + ", got " +
-                                std::to_string(c.num_kv_heads));
-    if (c.kdim < 0) detail::throw_invalid(fn, "cfg.kdim", "expected >= 0, got " + std::to_string(c.kdim));
-    if (c.vdim < 0) detail::throw_invalid(fn, "cfg.vdim", "expected >= 0, got " + std::to_string(c.vdim));
-    if (c.kdim == 0) c.kdim = c.embed_dim;
-    if (c.vdim == 0) c.vdim = c.embed_dim;
-    if (!(c.dropout >= 0.0 && c.dropout < 1.0))
-      detail::throw_invalid(fn, "cfg.dropout", "expected a value in [0, 1), got " + std::to_string(c.dropout));
-    const Index head_dim = c.embed_dim / c.num_heads;
-    if (c.rope_dim < 0 || c.rope_dim % 2 != 0 || c.rope_dim > head_dim)
-      detail::throw_invalid(fn, "cfg.rope_dim",
-                            "expected an even value in [0, head_dim = " + std::to_string(head_dim) + "], got " +
-                                std::to_string(c.rope_dim));
-    if (!(c.rope_base > 0.0 && std::isfinite(c.rope_base)))
-      detail::throw_invalid(fn, "cfg.rope_base", "expected a finite value > 0, got " + std::to_string(c.rope_base));
-    return c;
-  }
-
-  // PyTorch's _reset_parameters: Xavier-uniform q/k/v weights — over the stacked (3E, E) in_proj_weight
-  // when all three are (E, E), else each on its own — and an out_proj drawn as nn.Linear does,
-  // U(-1/sqrt(E), 1/sqrt(E)); all biases zero.
-  void initialize(std::uint64_t seed) {
-    const Index e = config_.embed_dim, kv = config_.num_kv_heads * head_dim_;
-    params_.q_weight = Tensor<T, 2>({e, e});
-    params_.k_weight = Tensor<T, 2>({kv, config_.kdim});
-    params_.v_weight = Tensor<T, 2>({kv, config_.vdim});
-    params_.out_weight = Tensor<T, 2>({e, e});
-    if (config_.bias) {
-      params_.q_bias = Tensor<T, 1>(std::array<Index, 1>{e});
-      params_.k_bias = Tensor<T, 1>(std::array<Index, 1>{kv});
-      params_.v_bias = Tensor<T, 1>(std::array<Index, 1>{kv});
-      params_.out_bias = Tensor<T, 1>(std::array<Index, 1>{e});
-    }
-    std::mt19937_64 generator(seed);
-    // Our own uniform draw: std::uniform_real_distribution differs between standard libraries.
-    const auto fill_uniform = [&generator](Tensor<T, 2>& w, double bound) {
-      for (Index n = 0; n < w.size(); ++n)
-        w.data()[n] = static_cast<T>(bound * (2.0 * static_cast<double>(generator() >> 11) * 0x1.0p-53 - 1.0));
-    };
-    const auto xavier = [](Index fan_in, Index fan_out) { return std::sqrt(6.0 / static_cast<double>(fan_in + fan_out)); };
-    const bool stacked = config_.kdim == e && config_.vdim == e && kv == e;
-    fill_uniform(params_.q_weight, stacked ? xavier(e, 3 * e) : xavier(e, e));
-    fill_uniform(params_.k_weight, stacked ? xavier(e, 3 * e) : xavier(config_.kdim, kv));
-    fill_uniform(params_.v_weight, stacked ? xavier(e, 3 * e) : xavier(config_.vdim, kv));
-    fill_uniform(params_.out_weight, 1.0 / std::sqrt(static_cast<double>(e)));
-  }
-
-  /// Checks every argument before any work, so a failing call has no effect. A: the activations' type.
-  template <typename P, typename A = T>
-  void validate(const MhaParams<P>& parameters, const TensorView<const A, 3>& query, const TensorView<const A, 3>& key,
-                const TensorView<const A, 3>& value, const AttentionOptions<T>& opts,
-                const char* function = forward_name) const {
-    detail::check_shape<3>(function, "query", query.shape(), {detail::any_extent, detail::any_extent, config_.embed_dim});
-    detail::check_shape<3>(function, "key", key.shape(), {query.dim(0), detail::any_extent, config_.kdim});
-    detail::check_shape<3>(function, "value", value.shape(), {query.dim(0), key.dim(1), config_.vdim});
-    check_params(parameters, function);
-    if (config_.alibi && !opts.alibi_slopes.empty())
-      detail::throw_invalid(function, "opts.alibi_slopes", "must be empty when cfg.alibi is set (ALiBi added twice)");
-    detail::check_module_dropout(function, opts, config_.dropout, "cfg.dropout", training_);
-    detail::validate_options(function, opts, query.dim(0), config_.num_heads, query.dim(1), key.dim(1));
-  }
-
-  /// params() is writable: check its shapes are still the configured ones.
-  template <typename P>
-  void check_params(const MhaParams<P>& parameters, const char* function) const {
-    const Index e = config_.embed_dim, kv = config_.num_kv_heads * head_dim_;
-    detail::check_shape<2>(function, "params().q_weight", parameters.q_weight.shape(), {e, e});
-    detail::check_shape<2>(function, "params().k_weight", parameters.k_weight.shape(), {kv, config_.kdim});
-    detail::check_shape<2>(function, "params().v_weight", parameters.v_weight.shape(), {kv, config_.vdim});
-    detail::check_shape<2>(function, "params().out_weight", parameters.out_weight.shape(), {e, e});
-    const std::array<Index, 1> no_bias{0};
-    const auto check_bias = [&](const char* name, const Tensor<P, 1>& b, Index n) {
-      detail::check_shape<1>(function, name, b.shape(), config_.bias ? std::array<Index, 1>{n} : no_bias);
-    };
-    check_bias("params().q_bias", parameters.q_bias, e);
-    check_bias("params().k_bias", parameters.k_bias, kv);
-    check_bias("params().v_bias", parameters.v_bias, kv);
-    check_bias("params().out_bias", parameters.out_bias, e);
-  }
-
-  template <typename A>
-  static bool is_self_attention(const TensorView<const A, 3>& query, const TensorView<const A, 3>& key,
-                                const TensorView<const A, 3>& value) {
-    return query.data() == key.data() && key.data() == value.data() && query.shape() == key.shape() &&
-           key.shape() == value.shape() && query.strides() == key.strides() && key.strides() == value.strides();
+  /// Self-attention: query, key and value are one tensor, projected with one GEMM.
+  static bool is_self_attention(const TensorView<const T, 3>& query, const TensorView<const T, 3>& key,
+                                const TensorView<const T, 3>& value) {
+    return detail::same_view(query, key) && detail::same_view(key, value);
   }
 
   /// Width of the Q|K|V projection of self-attention: E + 2 Hkv Dh.
@@ -743,7 +611,7 @@ class MultiHeadAttention {
   /// view), and project the output.
   /// Parameters stored as P: T, or 16 bits (the output projection's widened weights then go into `output_weights`).
   template <typename P>
-  void attend_and_project(const MhaParams<P>& parameters, const char* function,
+  void attend_and_project(const MhaParams<P>& parameters, [[maybe_unused]] const char* function,
                           const std::array<TensorView<T, 4>, 3>& qkv, const AttentionOptions<T>& attention_opts,
                           const TensorView<T, 4>& heads, const TensorView<T, 3>& lse, const TensorView<T, 4>& weights,
                           const TensorView<T, 3>& merged, const TensorView<T, 3>& output,
@@ -755,7 +623,6 @@ class MultiHeadAttention {
       rope_->apply(q, k.dim(2) - q.dim(2));
       rope_->apply(k, 0);
     }
-    detail::validate_forward<T>(function, q, k, v, attention_opts);
     detail::run_forward(detail::make_params<T>(q, k, v, attention_opts), attention_opts,
                         detail::ForwardOutputs<T>{heads, lse, weights}, workspace);
     const TensorView<T, 4> target = split_heads(merged, config_.num_heads);
@@ -766,290 +633,14 @@ class MultiHeadAttention {
                                      output_weights);
   }
 
-  MhaForward<T> forward_views(const MhaParams<T>& parameters, const TensorView<const T, 3>& query, const TensorView<const T, 3>& key,
-                              const TensorView<const T, 3>& value, const AttentionOptions<T>& opts) const {
-    validate(parameters, query, key, value, opts);
-    MhaForward<T> f;
-    f.query = query;
-    f.key = key;
-    f.value = value;
-    auto projected = std::make_shared<detail::ProjectedHeads<T>>(project_heads(parameters, query, key, value));
-    forward_options(opts, f.options);
-    const Index batch = query.dim(0), q_len = query.dim(1), heads = config_.num_heads;
-    f.attention.out = Tensor<T, 4>({batch, heads, q_len, head_dim_});
-    f.attention.lse = Tensor<T, 3>({batch, heads, q_len});
-    if (f.options.need_weights) f.weights = Tensor<T, 4>({batch, heads, q_len, key.dim(1)});
-    f.merged = Tensor<T, 3>({batch, q_len, config_.embed_dim});
-    f.output = Tensor<T, 3>({batch, q_len, config_.embed_dim});
-    AttentionWorkspace<T> workspace;
-    detail::StackedProjection<T> unused;  // T parameters: linear_into_stored runs linear_into
-    attend_and_project(parameters, forward_name, {projected->q.view(), projected->k.view(), projected->v.view()},
-                       f.options, f.attention.out.view(), f.attention.lse.view(),
-                       f.weights.data() ? f.weights.view() : TensorView<T, 4>(), f.merged.view(), f.output.view(),
-                       workspace, unused);
-    f.heads = std::move(projected);
-    return f;
-  }
 
-  static constexpr const char* forward_into_name = "MultiHeadAttention::forward_into";
-
-  /// Every check of forward_into (activations of A: T, or 16 bits), before anything is written.
-  template <typename P, typename A>
-  void check_forward_into(const MhaParams<P>& parameters, const TensorView<const A, 3>& query,
-                          const TensorView<const A, 3>& key, const TensorView<const A, 3>& value,
-                          const TensorView<A, 3>& output, const AttentionOptions<T>& opts) const {
-    validate(parameters, query, key, value, opts, forward_into_name);
-    if (opts.need_weights)
-      detail::throw_invalid(forward_into_name, "opts.need_weights", "the _into form returns no weights; use forward");
-    detail::check_shape<3>(forward_into_name, "output", output.shape(), {query.dim(0), query.dim(1), config_.embed_dim});
-    if (detail::overlaps_itself(output))
-      detail::throw_invalid(forward_into_name, "output", "overlaps itself (a stride 0 or overlapping rows)");
-    const std::array<std::pair<const char*, TensorView<const A, 3>>, 3> inputs{
-        {{"query", query}, {"key", key}, {"value", value}}};
-    for (const auto& [name, input] : inputs)
-      if (detail::overlaps(output, input))
-        detail::throw_invalid(forward_into_name, "output", std::string("overlaps ") + name + "; write into separate memory");
-    if (detail::overlaps(output, opts.bias) || detail::overlaps(output, opts.allowed))
-      detail::throw_invalid(forward_into_name, "output", "overlaps a mask of opts; write into separate memory");
-  }
-
-  /// forward_into with parameters stored as P: T, or 16 bits (forward_into_with).
-  template <typename P>
-  void forward_into_views(const MhaParams<P>& parameters, const TensorView<const T, 3>& query, const TensorView<const T, 3>& key,
-                          const TensorView<const T, 3>& value, const TensorView<T, 3>& output, MhaWorkspace<T>& ws,
-                          const AttentionOptions<T>& opts) const {
-    check_forward_into(parameters, query, key, value, output, opts);
-    const Index batch = query.dim(0), q_len = query.dim(1), k_len = key.dim(1), e = config_.embed_dim;
-    forward_options(opts, ws.options);
-    std::array<TensorView<T, 3>, 3> projections;
-    if (is_self_attention(query, key, value)) {
-      const TensorView<T, 3> qkv = MhaWorkspace<T>::take(ws.projection, std::array<Index, 3>{batch, q_len, projection_width()});
-      project_self_into(parameters, query, qkv, ws.stacked);
-      projections = projection_blocks(qkv);
-    } else {  // three contiguous blocks of one buffer
-      const Index kv = config_.num_kv_heads * head_dim_;
-      T* base = MhaWorkspace<T>::take(ws.projection, std::array<Index, 1>{batch * (q_len * e + 2 * k_len * kv)}).data();
-      projections = {TensorView<T, 3>(base, {batch, q_len, e}),
-                     TensorView<T, 3>(base + batch * q_len * e, {batch, k_len, kv}),
-                     TensorView<T, 3>(base + batch * (q_len * e + k_len * kv), {batch, k_len, kv})};
-      detail::linear_into_stored<T, P>(query, parameters.q_weight.view(), parameters.q_bias.view(), projections[0],
-                                       ws.stacked);
-      detail::linear_into_stored<T, P>(key, parameters.k_weight.view(), parameters.k_bias.view(), projections[1],
-                                       ws.key_weights);
-      detail::linear_into_stored<T, P>(value, parameters.v_weight.view(), parameters.v_bias.view(), projections[2],
-                                       ws.value_weights);
-    }
-    const TensorView<T, 3> merged = MhaWorkspace<T>::take(ws.merged, std::array<Index, 3>{batch, q_len, e});
-    const TensorView<T, 3> lse = MhaWorkspace<T>::take(ws.lse, std::array<Index, 3>{batch, config_.num_heads, q_len});
-    const std::array<TensorView<T, 4>, 3> qkv{split_heads(projections[0], config_.num_heads),
-                                              split_heads(projections[1], config_.num_kv_heads),
-                                              split_heads(projections[2], config_.num_kv_heads)};
-    attend_and_project(parameters, forward_into_name, qkv, ws.options, split_heads(merged, config_.num_heads), lse,
-                       TensorView<T, 4>(), merged, output, ws.attention, ws.output_weights);
-  }
-
-  /// forward_into on 16-bit activations A: the inputs widened exactly into the workspace (once for self-attention,
-  /// so that it still projects with one GEMM), the float walk into the workspace, its output rounded once.
-  template <typename P, typename A>
-  void forward_into_widened(const MhaParams<P>& parameters, const TensorView<const A, 3>& query,
-                            const TensorView<const A, 3>& key, const TensorView<const A, 3>& value,
-                            const TensorView<A, 3>& output, MhaWorkspace<T>& ws, const AttentionOptions<T>& opts) const {
-    check_forward_into(parameters, query, key, value, output, opts);
-    const Index q_size = query.size(), k_size = key.size();
-    const bool self = is_self_attention(query, key, value);
-    T* base = MhaWorkspace<T>::take(ws.widened_input, std::array<Index, 1>{self ? q_size : q_size + k_size + value.size()})
-                  .data();
-    const auto widen = [](const TensorView<const A, 3>& from, T* to) {
-      const TensorView<T, 3> wide(to, from.shape());
-      detail::convert_view<A, T, 3>(from, wide);
-      return TensorView<const T, 3>(wide);
-    };
-    const TensorView<const T, 3> wide_query = widen(query, base);
-    const TensorView<const T, 3> wide_key = self ? wide_query : widen(key, base + q_size);
-    const TensorView<const T, 3> wide_value = self ? wide_query : widen(value, base + q_size + k_size);
-    const TensorView<T, 3> wide_output = MhaWorkspace<T>::take(ws.widened_output, output.shape());
-    forward_into_views(parameters, wide_query, wide_key, wide_value, wide_output, ws, opts);
-    detail::convert_view<T, A, 3>(wide_output, output);
-  }
-
-  static constexpr const char* step_name = "MultiHeadAttention::step";
-
-  /// A (1, heads, rows, D) view of rows [row, row + rows) of batch b of a (B, heads, L, D) view.
-  template <typename U>
-  static TensorView<U, 4> rows_of(const TensorView<U, 4>& x, Index b, Index row, Index rows) {
-    return TensorView<U, 4>(x.data() + b * x.stride(0) + row * x.stride(2), {1, x.dim(1), rows, x.dim(3)}, x.strides());
-  }
-  /// A (1, heads, rows) view of rows [row, row + rows) of batch b of a (B, heads, L) view.
-  template <typename U>
-  static TensorView<U, 3> rows_of3(const TensorView<U, 3>& x, Index b, Index row, Index rows) {
-    return TensorView<U, 3>(x.data() + b * x.stride(0) + row * x.stride(2), {1, x.dim(1), rows}, x.strides());
-  }
-
-  /// Checks every argument of step before any work; returns the real new rows of each sequence.
-  /// Fills `counts` (within its capacity) with the real new rows of each sequence.
-  template <typename S, typename P>
-  void validate_step(const MhaParams<P>& parameters, const char* function, const TensorView<const T, 3>& x, const KVCache<T, S>& cache,
-                     const AttentionOptions<T>& opts, const std::vector<Index>& new_tokens,
-                     std::vector<Index>& counts) const {
-    if (config_.kdim != config_.embed_dim || config_.vdim != config_.embed_dim)
-      detail::throw_invalid(function, "cfg", "step is self-attention: kdim and vdim must equal embed_dim");
-    detail::check_shape<3>(function, "x_new", x.shape(), {cache.batch(), detail::any_extent, config_.embed_dim});
-    if (cache.kv_heads() != config_.num_kv_heads || cache.head_dim() != head_dim_)
-      detail::throw_shape_error(function, "cache",
-                                "made for " + std::to_string(cache.kv_heads()) + " key/value heads of dim " +
-                                    std::to_string(cache.head_dim()) + ", the module has " +
-                                    std::to_string(config_.num_kv_heads) + " of dim " + std::to_string(head_dim_));
-    const Index batch = x.dim(0), new_len = x.dim(1);
-    if (!new_tokens.empty() && static_cast<Index>(new_tokens.size()) != batch)
-      detail::throw_shape_error(function, "new_tokens",
-                                "expected " + std::to_string(batch) + " entries (one per sequence), got " +
-                                    std::to_string(new_tokens.size()));
-    if (new_tokens.empty())
-      counts.assign(static_cast<std::size_t>(batch), new_len);
-    else
-      counts.assign(new_tokens.begin(), new_tokens.end());
-    Index longest = 0;
-    for (std::size_t b = 0; b < counts.size(); ++b) {
-      if (counts[b] < 0 || counts[b] > new_len)
-        detail::throw_invalid(function, "new_tokens[" + std::to_string(b) + "]",
-                              "expected a value in [0, " + std::to_string(new_len) + "], got " + std::to_string(counts[b]));
-      longest = std::max(longest, cache.lengths()[b] + counts[b]);
-    }
-    check_params(parameters, function);
-    if (config_.alibi && !opts.alibi_slopes.empty())
-      detail::throw_invalid(function, "opts.alibi_slopes", "must be empty when cfg.alibi is set (ALiBi added twice)");
-    detail::check_step_options(function, opts);
-    const bool evicting = cache.policy().evicts();
-    if (evicting && (opts.allowed.data() || opts.bias.data() || !opts.key_lengths.empty() || opts.window_left != -1 ||
-                     opts.window_right != -1))
-      detail::throw_invalid(function, "opts",
-                            "masks (allowed, bias, key_lengths, windows) are not supported with an evicting cache policy");
-    detail::validate_options(function, opts, batch, config_.num_heads, new_len, evicting ? 1 : longest);
-    if (!evicting && !cache.fits(longest))
-      detail::throw_invalid(function, "cache", "a fixed capacity of " + std::to_string(cache.policy().capacity) +
-                                                    " tokens cannot hold " + std::to_string(longest));
-  }
-
-  /// The data walk of step, into `output` with every buffer in `ws`: project -> rotate at each sequence's next
-  /// positions -> append to the cache -> attend over the cache's views (the public sdpa path) straight into the
-  /// merged heads -> output projection. step allocates ws and output for the call; step_into passes the cache's.
-  template <typename S, typename P>
-  void step_core(const MhaParams<P>& parameters, const char* function, const TensorView<const T, 3>& x, KVCache<T, S>& cache,
-                 const AttentionOptions<T>& opts, const std::vector<Index>& new_tokens, const TensorView<T, 3>& output,
-                 MhaWorkspace<T>& ws) const {
-    validate_step(parameters, function, x, cache, opts, new_tokens, ws.counts);
-    const std::vector<Index>& counts = ws.counts;
-    const Index batch = x.dim(0), new_len = x.dim(1), e = config_.embed_dim;
-
-    // Project the new tokens and rotate them: sequence b's row l at absolute position positions()[b] + l.
-    const TensorView<T, 3> qkv = MhaWorkspace<T>::take(ws.projection, std::array<Index, 3>{batch, new_len, projection_width()});
-    project_self_into(parameters, x, qkv, ws.stacked);
-    const std::array<TensorView<T, 3>, 3> projections = projection_blocks(qkv);
-    const TensorView<T, 4> q = split_heads(projections[0], config_.num_heads);
-    const TensorView<T, 4> k = split_heads(projections[1], config_.num_kv_heads);
-    const TensorView<T, 4> v = split_heads(projections[2], config_.num_kv_heads);
-    if (rope_) {
-      rope_->apply(q, cache.positions());
-      rope_->apply(k, cache.positions());
-    }
-
-    // Append and attend, sequence by sequence, with Causal::bottom_right over everything cached. An evicting
-    // cache takes one row at a time, so that every row sees exactly the sinks and the last `window` tokens.
-    AttentionOptions<T>& attention_opts = ws.options;
-    attention_opts = opts;  // validate_step left dropout_p 0, need_weights false, causal none or bottom_right
-    attention_opts.causal = Causal::bottom_right;
-    if (config_.alibi) attention_opts.alibi_slopes = alibi_;
-    // The heads are written into the merged (B, Lnew, E) layout directly; padding rows stay 0.
-    const TensorView<T, 3> merged = MhaWorkspace<T>::take(ws.merged, std::array<Index, 3>{batch, new_len, e});
-    std::fill(merged.data(), merged.data() + merged.size(), T(0));
-    const TensorView<T, 4> attention = split_heads(merged, config_.num_heads);
-    const TensorView<T, 3> lse = MhaWorkspace<T>::take(ws.lse, std::array<Index, 3>{batch, config_.num_heads, new_len});
-    ws.lengths_before.assign(cache.lengths().begin(), cache.lengths().end());
-    const bool evicting = cache.policy().evicts();
-    const Index rows_per_pass = evicting ? 1 : new_len;
-    // The decode kernel's partials grow with the keys: room for the cache's capacity at once.
-    ws.attention.reserve_decode(config_.num_kv_heads, (config_.num_heads / config_.num_kv_heads) * rows_per_pass,
-                                cache.capacity(), head_dim_);
-    try {
-      for (Index l0 = 0; l0 < new_len; l0 += rows_per_pass)
-        for (Index b = 0; b < batch; ++b) {
-          const Index rows = std::min(rows_per_pass, counts[static_cast<std::size_t>(b)] - l0);
-          if (rows <= 0) continue;
-          cache.append(b, rows_of(k, b, l0, rows)[0], rows_of(v, b, l0, rows)[0], rope_ ? &*rope_ : nullptr);
-          const Index keys = cache.lengths()[static_cast<std::size_t>(b)];
-          detail::options_for_sequence(attention_opts, b, l0, rows, keys, ws.sequence_options);
-          detail::sdpa_forward_into_views<T>(function, rows_of(q, b, l0, rows), cache.sequence_keys(b),
-                                             cache.sequence_values(b), rows_of(attention, b, l0, rows),
-                                             rows_of3(lse, b, l0, rows), ws.sequence_options, ws.attention);
-        }
-    } catch (...) {  // out of memory mid-step: a keep-all cache goes back to where it was
-      if (!evicting)
-        for (Index b = 0; b < batch; ++b) cache.truncate(b, ws.lengths_before[static_cast<std::size_t>(b)]);
-      throw;
-    }
-    detail::linear_into_stored<T, P>(merged, parameters.out_weight.view(), parameters.out_bias.view(), output,
-                                     ws.output_weights);
-  }
-
-  template <typename S>
-  Tensor<T, 3> step_views(const MhaParams<T>& parameters, const TensorView<const T, 3>& x, KVCache<T, S>& cache, const AttentionOptions<T>& opts,
-                          const std::vector<Index>& new_tokens) const {
-    return step_views_with<S, T>(parameters, x, cache, opts, new_tokens);
-  }
-
-  /// step_views with parameters stored as P: T, or 16 bits (step_with's 16-bit overload).
-  template <typename S, typename P>
-  Tensor<T, 3> step_views_with(const MhaParams<P>& parameters, const TensorView<const T, 3>& x, KVCache<T, S>& cache,
-                               const AttentionOptions<T>& opts, const std::vector<Index>& new_tokens) const {
-    MhaWorkspace<T> ws;
-    Tensor<T, 3> output;
-    // The output's shape needs x checked first; step_core checks everything again (cheap) before any work.
-    detail::check_shape<3>(step_name, "x_new", x.shape(), {cache.batch(), detail::any_extent, config_.embed_dim});
-    output = Tensor<T, 3>({x.dim(0), x.dim(1), config_.embed_dim});
-    step_core(parameters, step_name, x, cache, opts, new_tokens, output.view(), ws);
-    return output;
-  }
-
-  static constexpr const char* step_into_name = "MultiHeadAttention::step_into";
-
-  template <typename S>
-  void step_into_views(const MhaParams<T>& parameters, const TensorView<const T, 3>& x, KVCache<T, S>& cache, const TensorView<T, 3>& output,
-                       const AttentionOptions<T>& opts, const std::vector<Index>& new_tokens) const {
-    step_into_views_with<S, T, T>(parameters, x, cache, output, opts, new_tokens);
-  }
-
-  /// step_into_views with parameters stored as P (T, or 16 bits) and activations as A (T, or 16 bits).
-  template <typename S, typename P, typename A>
-  void step_into_views_with(const MhaParams<P>& parameters, const TensorView<const A, 3>& x, KVCache<T, S>& cache,
-                            const TensorView<A, 3>& output, const AttentionOptions<T>& opts,
-                            const std::vector<Index>& new_tokens) const {
-    detail::check_shape<3>(step_into_name, "x_new", x.shape(), {cache.batch(), detail::any_extent, config_.embed_dim});
-    detail::check_shape<3>(step_into_name, "output", output.shape(), {x.dim(0), x.dim(1), config_.embed_dim});
-    if (detail::overlaps_itself(output))
-      detail::throw_invalid(step_into_name, "output", "overlaps itself (a stride 0 or overlapping rows)");
-    if (detail::overlaps(output, x))
-      detail::throw_invalid(step_into_name, "output", "overlaps x_new; write into separate memory");
-    if (detail::overlaps(output, cache.keys()) || detail::overlaps(output, cache.values()))
-      detail::throw_invalid(step_into_name, "output", "overlaps the cache; write into separate memory");
-    if (detail::overlaps(output, opts.bias) || detail::overlaps(output, opts.allowed))
-      detail::throw_invalid(step_into_name, "output", "overlaps a mask of opts; write into separate memory");
-    if constexpr (std::is_same_v<A, T>)
-      step_core(parameters, step_into_name, x, cache, opts, new_tokens, output, cache.step_workspace());
-    else
-      step_widened<S, P, A>(parameters, step_into_name, x, cache, opts, new_tokens, output, cache.step_workspace());
-  }
-
-  /// step_core on 16-bit activations A: x widened exactly into the workspace, the float step into the workspace,
-  /// its output rounded once into `output` (only after the step succeeded: on error nothing is written).
-  template <typename S, typename P, typename A>
-  void step_widened(const MhaParams<P>& parameters, const char* function, const TensorView<const A, 3>& x,
-                    KVCache<T, S>& cache, const AttentionOptions<T>& opts, const std::vector<Index>& new_tokens,
-                    const TensorView<A, 3>& output, MhaWorkspace<T>& ws) const {
-    const TensorView<T, 3> wide_x = MhaWorkspace<T>::take(ws.widened_input, x.shape());
-    detail::convert_view<A, T, 3>(x, wide_x);
-    const TensorView<T, 3> wide_output = MhaWorkspace<T>::take(ws.widened_output, output.shape());
-    step_core(parameters, function, wide_x, cache, opts, new_tokens, wide_output, ws);
-    detail::convert_view<T, A, 3>(wide_output, output);
+  /// Rows [row, row + rows) of batch b of a (B, heads, L) or (B, heads, L, D) view: (1, heads, rows[, D]).
+  template <typename U, int Rank>
+  static TensorView<U, Rank> rows_of(const TensorView<U, Rank>& x, Index b, Index row, Index rows) {
+    std::array<Index, Rank> shape = x.shape();
+    shape[0] = 1;
+    shape[2] = rows;
+    return TensorView<U, Rank>(x.data() + b * x.stride(0) + row * x.stride(2), shape, x.strides());
   }
 
   MultiHeadAttentionConfig config_;

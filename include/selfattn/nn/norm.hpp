@@ -185,7 +185,7 @@ class Normalization {
   template <typename X>
   NormForward<T> forward(X&& x) const {
     NormForward<T> f;
-    if constexpr (check_layer_arguments<T, X>()) {
+    if constexpr (check_module_arguments<T, X>()) {
       SavedInput<T> saved = save_input<T>(std::forward<X>(x));
       check_shape<3>(forward_name_, "x", saved.view.shape(), {any_extent, any_extent, dim_});
       check_params(forward_name_);
@@ -203,7 +203,7 @@ class Normalization {
   template <typename DO>
   NormGradients<T> backward(const DO& dout, const NormForward<T>& f) const {
     NormGradients<T> g;
-    if constexpr (check_layer_arguments<T, DO>()) {
+    if constexpr (check_module_arguments<T, DO>()) {
       const TensorView<const T, 3> dy = const_view(dout);
       if (f.stats.rstd.empty() && !f.input.empty())
         throw_invalid(backward_name_, "fwd", "is not the result of a forward call");

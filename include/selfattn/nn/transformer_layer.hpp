@@ -248,7 +248,7 @@ class TransformerLayer {
   TransformerLayerForward<T> forward_with(const TransformerLayerParams<T>& parameters, X&& x,
                                           const AttentionOptions<T>& opts = {}) const {
     TransformerLayerForward<T> f;
-    if constexpr (detail::check_layer_arguments<T, X>()) {
+    if constexpr (detail::check_module_arguments<T, X>()) {
       detail::SavedInput<T> input = detail::save_input<T>(std::forward<X>(x));
       check_input(forward_name, "x", input.view);
       check_params(forward_name, parameters);
@@ -267,7 +267,7 @@ class TransformerLayer {
   TransformerLayerGradients<T> backward_with(const TransformerLayerParams<T>& parameters, const DO& dout,
                                              const TransformerLayerForward<T>& f) const {
     TransformerLayerGradients<T> g;
-    if constexpr (detail::check_layer_arguments<T, DO>()) {
+    if constexpr (detail::check_module_arguments<T, DO>()) {
       if (!f.saved) detail::throw_invalid(backward_name, "fwd", "is not the result of a forward call");
       detail::check_shape<3>(backward_name, "dout", detail::const_view(dout).shape(), f.output.shape());
       check_params(backward_name, parameters);
@@ -316,7 +316,7 @@ class TransformerLayer {
   Tensor<detail::activation_of<T, X>, 3> checked_step(const TransformerLayerParams<P>& parameters, const X& x_new,
                                                       KVCache<T, S>& cache, const AttentionOptions<T>& opts,
                                                       const std::vector<Index>& new_tokens) const {
-    if constexpr (!detail::check_layer_inference_arguments<T, X>()) {
+    if constexpr (!detail::check_inference_arguments<T, X>()) {
       return {};
     } else if constexpr (!std::is_same_v<detail::activation_of<T, X>, T>) {
       const Tensor<T, 3> wide = tensor_cast<T>(x_new);

@@ -149,7 +149,7 @@ class TransformerStack {
   template <typename X>
   TransformerStackForward<T> forward(X&& x, const AttentionOptions<T>& opts = {}) const {
     TransformerStackForward<T> f;
-    if constexpr (detail::check_layer_arguments<T, X>()) {
+    if constexpr (detail::check_module_arguments<T, X>()) {
       check_params(forward_name);
       detail::check_module_dropout(forward_name, opts, config_.layer.attention.dropout, "cfg.layer.attention.dropout",
                                    training());
@@ -179,7 +179,7 @@ class TransformerStack {
   template <typename DO>
   TransformerStackGradients<T> backward(const DO& dout, const TransformerStackForward<T>& f) const {
     TransformerStackGradients<T> g;
-    if constexpr (detail::check_layer_arguments<T, DO>()) {
+    if constexpr (detail::check_module_arguments<T, DO>()) {
       if (f.layers.size() != params_.layers.size())
         detail::throw_invalid(backward_name, "fwd", "is not the result of this stack's forward");
       detail::check_shape<3>(backward_name, "dout", detail::const_view(dout).shape(), f.output.shape());
@@ -245,7 +245,7 @@ class TransformerStack {
                                                    const std::vector<Index>& new_tokens = {}) const {
     static_assert(std::is_same_v<P, T> || (std::is_same_v<T, float> && is_half_width_v<P>),
                   "TransformerStack: parameters of the stack's type, or 16-bit ones in a float stack");
-    if constexpr (!detail::check_layer_inference_arguments<T, X>()) {
+    if constexpr (!detail::check_inference_arguments<T, X>()) {
       return {};
     } else if constexpr (!std::is_same_v<detail::activation_of<T, X>, T>) {
       // 16-bit activations: widened exactly, every layer and the final norm in T, the output rounded once.
