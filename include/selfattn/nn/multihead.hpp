@@ -380,8 +380,7 @@ class MultiHeadAttention {
     std::array<TensorView<T, 3>, 3> projections;
     if (is_self_attention(query, key, value)) {
       const TensorView<T, 3> qkv = MhaWorkspace<T>::take(ws.projection, std::array<Index, 3>{batch, q_len, projection_width()});
-      project_self_into(parameters, query, qkv, ws.stacked);
-      projections = projection_blocks(qkv);
+      projections = project_self_into(parameters, query, qkv, ws.stacked);
     } else {  // three contiguous blocks of one buffer
       const Index kv = config_.num_kv_heads * head_dim_;
       T* base = MhaWorkspace<T>::take(ws.projection, std::array<Index, 1>{batch * (q_len * e + 2 * k_len * kv)}).data();
@@ -446,8 +445,7 @@ class MultiHeadAttention {
 
     // Project the new tokens and rotate them: sequence b's row l at absolute position positions()[b] + l.
     const TensorView<T, 3> qkv = MhaWorkspace<T>::take(ws.projection, std::array<Index, 3>{batch, new_len, projection_width()});
-    project_self_into(parameters, x, qkv, ws.stacked);
-    const std::array<TensorView<T, 3>, 3> projections = projection_blocks(qkv);
+    const std::array<TensorView<T, 3>, 3> projections = project_self_into(parameters, x, qkv, ws.stacked);
     const TensorView<T, 4> q = split_heads(projections[0], config_.num_heads);
     const TensorView<T, 4> k = split_heads(projections[1], config_.num_kv_heads);
     const TensorView<T, 4> v = split_heads(projections[2], config_.num_kv_heads);
@@ -550,17 +548,15 @@ class MultiHeadAttention {
   /// Width of the Q|K|V projection of self-attention: E + 2 Hkv Dh.
   Index projection_width() const { return config_.embed_dim + 2 * config_.num_kv_heads * head_dim_; }
 
-  /// The self-attention projection of x into qkv (B, L, E + 2 Hkv Dh): one GEMM, or three for a few rows.
+  /// The self-attention projection of x into qkv (B, L, E + 2 Hkv Dh), one GEMM (or three for a few rows), returned
+  /// as its column blocks q, k, v.
   template <typename P>
-  void project_self_into(const MhaParams<P>& parameters, const TensorView<const T, 3>& x, const TensorView<T, 3>& qkv,
-                         detail::StackedProjection<T>& stacked) const {
-    detail::fused_qkv_projection_into<T, P>(x, {parameters.q_weight.view(), parameters.k_weight.view(), parameters.v_weight.view()},
-                                         {parameters.q_bias.view(), parameters.k_bias.view(), parameters.v_bias.view()}, qkv,
-                                         stacked);
-  }
-
-  /// Column blocks q, k, v of a (B, L, E + 2 Hkv Dh) projection.
-  std::array<TensorView<T, 3>, 3> projection_blocks(const TensorView<T, 3>& qkv) const {
+  std::array<TensorView<T, 3>, 3> project_self_into(const MhaParams<P>& parameters, const TensorView<const T, 3>& x,
+                                                    const TensorView<T, 3>& qkv,
+                                                    detail::StackedProjection<T>& stacked) const {
+    detail::fused_qkv_projection_into<T, P>(
+        x, {parameters.q_weight.view(), parameters.k_weight.view(), parameters.v_weight.view()},
+        {parameters.q_bias.view(), parameters.k_bias.view(), parameters.v_bias.view()}, qkv, stacked);
     const Index e = config_.embed_dim, kv = config_.num_kv_heads * head_dim_;
     const auto block = [&](Index column, Index width) {
       // An empty projection (B = 0 or L = 0) has no data to offset.
@@ -580,8 +576,7 @@ class MultiHeadAttention {
     if (is_self_attention(query, key, value)) {
       Tensor<T, 3> qkv(std::array<Index, 3>{query.dim(0), query.dim(1), projection_width()});
       detail::StackedProjection<T> stacked;
-      project_self_into(parameters, query, qkv.view(), stacked);
-      const std::array<TensorView<T, 3>, 3> blocks = projection_blocks(qkv.view());
+      const std::array<TensorView<T, 3>, 3> blocks = project_self_into(parameters, query, qkv.view(), stacked);
       return {heads(blocks[0], config_.num_heads), heads(blocks[1], config_.num_kv_heads),
               heads(blocks[2], config_.num_kv_heads)};
     }
