@@ -23,13 +23,13 @@
 // Walk-through: docs/scaling.md, "Asymmetry".
 #include <selfattn/selfattn.hpp>
 
+#include "example_args.hpp"
+
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <random>
 #include <vector>
 
@@ -124,14 +124,7 @@ struct Row {
 
 int main(int argc, char** argv) {
   std::uint64_t seed = 1;
-  for (int i = 1; i < argc; ++i) {
-    char* end = nullptr;
-    if (std::strcmp(argv[i], "--seed") == 0 && i + 1 < argc) seed = std::strtoull(argv[++i], &end, 10);
-    if (!end || *end != '\0') {
-      std::fprintf(stderr, "usage: %s [--seed N]\n", argv[0]);
-      return 2;
-    }
-  }
+  if (!seed_argument(argc, argv, seed)) return 2;
   std::printf("S = (X W_Q)(X W_K)^T / sqrt(d): L = %td tokens, E = d = %td, X ~ N(0, 1), W ~ N(0, 1/E), seed %llu.\n"
               "W_K = sqrt(1 - a^2) W_Q + a W' with W' independent: a = 1 independent, a = 0 tied (W_K = W_Q).\n\n",
               kLength, kEmbed, static_cast<unsigned long long>(seed));

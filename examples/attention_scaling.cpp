@@ -29,13 +29,13 @@
 #include <selfattn/plot/line_chart.hpp>
 #include <selfattn/selfattn.hpp>
 
+#include "example_args.hpp"
+
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <exception>
 #include <random>
 #include <vector>
@@ -223,14 +223,7 @@ bool write_picture(const std::vector<Measurement>& ms) {
 
 int main(int argc, char** argv) {
   std::uint64_t seed = 1;
-  for (int i = 1; i < argc; ++i) {
-    char* end = nullptr;
-    if (std::strcmp(argv[i], "--seed") == 0 && i + 1 < argc) seed = std::strtoull(argv[++i], &end, 10);
-    if (!end || *end != '\0') {
-      std::fprintf(stderr, "usage: %s [--seed N]\n", argv[0]);
-      return 2;
-    }
-  }
+  if (!seed_argument(argc, argv, seed)) return 2;
   Rng rng(seed);
   std::printf("q, k with N(0, 1) entries: %td batches x %td queries x %td keys per d, seed %llu.\n"
               "Softmax by attention_weights(q, k, opts): opts.scale = 1 (unscaled) or the default 1/sqrt(d).\n"

@@ -36,12 +36,12 @@
 #include <selfattn/plot/line_chart.hpp>  // not yet in the umbrella header
 #include <selfattn/selfattn.hpp>
 
+#include "example_args.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <exception>
 #include <random>
 #include <string>
@@ -261,14 +261,7 @@ void write_picture(const std::string& path, const std::vector<Run>& runs) {
 
 int main(int argc, char** argv) {
   std::uint64_t seed = 1;
-  for (int i = 1; i < argc; ++i) {
-    char* end = nullptr;
-    if (std::strcmp(argv[i], "--seed") == 0 && i + 1 < argc) seed = std::strtoull(argv[++i], &end, 10);
-    if (!end || *end != '\0') {
-      std::fprintf(stderr, "usage: %s [--seed N]\n", argv[0]);
-      return 2;
-    }
-  }
+  if (!seed_argument(argc, argv, seed)) return 2;
   std::printf(
       "Attention sinks in a KV cache: one layer, E = %td, H = %td, D = %td; a stream of %td slowly drifting\n"
       "tokens (BOS first) through step, one token at a time, seed %llu. BUILT, not trained: W_q = W_k makes\n"

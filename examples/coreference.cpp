@@ -31,6 +31,8 @@
 #include <selfattn/attend_with_weights.hpp>
 #include <selfattn/selfattn.hpp>
 
+#include "example_args.hpp"
+
 #include <algorithm>
 #include <array>
 #include <cctype>
@@ -967,10 +969,8 @@ int main(int argc, char** argv) {
   };
   for (int i = 1; i < argc; ++i) {
     const bool has_value = i + 1 < argc;
-    char* end = nullptr;
     if (std::strcmp(argv[i], "--seed") == 0 && has_value) {
-      seed = std::strtoull(argv[++i], &end, 10);
-      if (*end != '\0') return usage();
+      if (!parse_seed(argv[++i], seed)) return usage();
     } else if (std::strcmp(argv[i], "--sentence") == 0 && has_value) {
       sentence_text = argv[++i];
     } else if (std::strcmp(argv[i], "--save") == 0 && has_value) {

@@ -37,13 +37,13 @@
 // Walk-through: docs/heads.md.
 #include <selfattn/selfattn.hpp>
 
+#include "example_args.hpp"
+
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -365,14 +365,7 @@ void write_picture(const std::string& path, const std::vector<Model>& models, co
 
 int main(int argc, char** argv) {
   std::uint64_t seed = 1;
-  for (int i = 1; i < argc; ++i) {
-    char* end = nullptr;
-    if (std::strcmp(argv[i], "--seed") == 0 && i + 1 < argc) seed = std::strtoull(argv[++i], &end, 10);
-    if (!end || *end != '\0') {
-      std::fprintf(stderr, "usage: %s [--seed N]\n", argv[0]);
-      return 2;
-    }
-  }
+  if (!seed_argument(argc, argv, seed)) return 2;
   Rng held_out_rng(seed * 1000 + 7);  // a stream of its own: held-out sequences are drawn apart from training
   std::vector<Sequence> held_out;
   for (int i = 0; i < kHeldOut; ++i) held_out.push_back(random_sequence(held_out_rng));

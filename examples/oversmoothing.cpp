@@ -29,6 +29,8 @@
 #include <selfattn/plot/line_chart.hpp>
 #include <selfattn/selfattn.hpp>
 
+#include "example_args.hpp"
+
 #include <Eigen/SVD>
 
 #include <algorithm>
@@ -306,14 +308,7 @@ bool write_gradient_figure(const Gradients& g) {
 
 int main(int argc, char** argv) {
   std::uint64_t seed = 1;
-  for (int i = 1; i < argc; ++i) {
-    char* end = nullptr;
-    if (std::strcmp(argv[i], "--seed") == 0 && i + 1 < argc) seed = std::strtoull(argv[++i], &end, 10);
-    if (!end || *end != '\0') {
-      std::fprintf(stderr, "usage: %s [--seed N]\n", argv[0]);
-      return 2;
-    }
-  }
+  if (!seed_argument(argc, argv, seed)) return 2;
   // The input: N(0, 1) token embeddings plus the sinusoidal position encoding, as the original Transformer's first
   // layer sees them. Every sequence carries the same positions, so the input's spread is below 1 already.
   Rng rng(seed);

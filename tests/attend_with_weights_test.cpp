@@ -12,6 +12,7 @@
 #include "support/compare.hpp"
 #include "support/expect_error.hpp"
 #include "support/random.hpp"
+#include "support/scalars.hpp"
 
 #include <gtest/gtest.h>
 
@@ -27,8 +28,7 @@ using test::Random;
 
 template <typename T>
 class AttendWithWeightsTest : public ::testing::Test {};
-using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(AttendWithWeightsTest, Scalars, );
+TYPED_TEST_SUITE(AttendWithWeightsTest, test::Scalars, );
 
 template <typename T>
 double tolerance() {

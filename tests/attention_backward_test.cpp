@@ -7,6 +7,7 @@
 #include "support/expect_error.hpp"
 #include "support/gradcheck.hpp"
 #include "support/random.hpp"
+#include "support/scalars.hpp"
 
 #include <gtest/gtest.h>
 
@@ -19,12 +20,10 @@ namespace {
 
 using test::all_close;
 using test::expect_error;
+using test::gradient_tolerance;
 using test::numerical_gradient;
 using test::Random;
 using test::weighted_sum;
-
-// Finite differences of smooth functions in double: truncation ~h^2, rounding ~eps/h, so ~1e-8 relative.
-constexpr double gradient_tolerance = 1e-7;
 
 struct GradientCase {
   std::string name;
@@ -96,8 +95,7 @@ TEST(AttentionBackwardTest, GradientsMatchFiniteDifferences) {
 
 template <typename T>
 class AttentionBackwardTyped : public ::testing::Test {};
-using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(AttentionBackwardTyped, Scalars, );
+TYPED_TEST_SUITE(AttentionBackwardTyped, test::Scalars, );
 
 // Fully masked rows, masked keys with NaN, and padding keys all get exactly zero gradient, never NaN.
 TYPED_TEST(AttentionBackwardTyped, MaskedPositionsGetZeroGradientNeverNan) {

@@ -7,6 +7,7 @@
 #include "support/expect_error.hpp"
 #include "support/random.hpp"
 #include "support/sanitizers.hpp"
+#include "support/scalars.hpp"
 #include "support/sweep.hpp"
 
 #include <gtest/gtest.h>
@@ -26,8 +27,7 @@ using test::Random;
 
 template <typename T>
 class AttentionTest : public ::testing::Test {};
-using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(AttentionTest, Scalars, );
+TYPED_TEST_SUITE(AttentionTest, test::Scalars, );
 
 using test::make_options;
 using test::MaskedOptions;

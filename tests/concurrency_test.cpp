@@ -5,6 +5,7 @@
 #include <selfattn/selfattn.hpp>
 
 #include "support/random.hpp"
+#include "support/scalars.hpp"
 
 #include <gtest/gtest.h>
 
@@ -20,8 +21,7 @@ using test::Random;
 
 template <typename T>
 class ConcurrencyTest : public ::testing::Test {};
-using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(ConcurrencyTest, Scalars, );
+TYPED_TEST_SUITE(ConcurrencyTest, test::Scalars, );
 
 constexpr int thread_count = 8;
 

@@ -8,10 +8,13 @@
 #include "support/compare.hpp"
 #include "support/random.hpp"
 #include "support/sanitizers.hpp"
+#include "support/scalars.hpp"
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <string>
 #include <vector>
@@ -26,8 +29,7 @@ using test::Random;
 
 template <typename T>
 class DecodeKernelTest : public ::testing::Test {};
-using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(DecodeKernelTest, Scalars, );
+TYPED_TEST_SUITE(DecodeKernelTest, test::Scalars, );
 
 struct DecodeCase {
   Index B, H, Hkv, Lq, Lk, D, Dv;
@@ -97,121 +99,190 @@ struct RandomDecodeCall {
   detail::AttentionParams<T> params() const { return detail::make_params<T>(q, k, v, opts); }
 };
 
-// Random cases: every group size G = H / Hkv in {1, 2, 4, 8, 16} with every head dim in {8, 64, 80, 128}
-// (80: not a whole number of AVX-512 packets; 8: less than one), 1 to 4 query rows, key counts around the
-// chunk edges (256), per-batch key lengths, bottom-right causal, windows and ALiBi drawn at random.
-TYPED_TEST(DecodeKernelTest, GroupedPathMatchesTheReferenceOverRandomShapes) {
-  using T = TypeParam;
-  Random random(501);
-  const std::vector<Index> key_counts = {1, 2, 17, 255, 256, 257, 511, 513, 600};
-  int cases = 0;
-  std::size_t index = 0;
-  for (Index group : {1, 2, 4, 8, 16})
-    for (Index D : {8, 64, 80, 128}) {
-      if (!test::sweep_case_runs(index++)) continue;  // a third of the cases under a sanitizer
-      const RandomDecodeCall<T> call(random, group, D, 0, key_counts);
-      const auto params = call.params();
-      ASSERT_NE(detail::decode_path(params), DecodePath::general);
-      EXPECT_TRUE(matches_reference(params, DecodePath::grouped)) << call.c.describe();
-      EXPECT_TRUE(matches_reference(params, detail::decode_path(params))) << call.c.describe();
-      ++cases;
-    }
-  EXPECT_EQ(cases, test::sanitized ? 7 : 20);
+// The tests below hold both fast paths to each behaviour, in one loop over the paths, each path on shapes of its own
+// (its rows per key/value head: the grouped path's SIMD lanes, the streaming path's blocks of 4 rows); a failure
+// names its path (SCOPED_TRACE).
+const char* path_name(DecodePath path) {
+  switch (path) {
+    case DecodePath::grouped: return "grouped path";
+    case DecodePath::streaming: return "streaming path";
+    default: return "general path";
+  }
 }
 
-// The shape of a decode step in the benchmark (H = 32, Hkv = 2, one query row) over several chunks, every key
-// visible: the unmasked path, with the chunk merge, on both the grouped and the general path.
-TYPED_TEST(DecodeKernelTest, GroupedQueryDecodeStepMatchesTheReference) {
+// Random cases, each forced onto its path and on the path the rule picks, with key counts around the chunk edges
+// (256), per-batch key lengths, bottom-right causal, windows and ALiBi drawn at random, a value dim unlike D now
+// and then. Grouped: every group size G = H / Hkv in {1, 2, 4, 8, 16} with every head dim in {8, 64, 80, 128} (80:
+// not a whole number of AVX-512 packets; 8: less than one), 1 to 4 query rows drawn. Streaming: G in {1, 2, 3} with
+// the same head dims (8 and 80: the scalar tails run) and each of 1 to 4 query rows (up to 12 rows per head: blocks
+// of 4 rows).
+TYPED_TEST(DecodeKernelTest, FastPathsMatchTheReferenceOverRandomShapes) {
   using T = TypeParam;
-  Random random(502);
-  const Index H = 32, Hkv = 2, D = 128, Lk = 1000;
-  const auto q = random.normal_tensor<T, 4>({1, H, 1, D});
-  const auto k = random.normal_tensor<T, 4>({1, Hkv, Lk, D});
-  const auto v = random.normal_tensor<T, 4>({1, Hkv, Lk, D});
-  const auto params = detail::make_params<T>(q, k, v, AttentionOptions<T>{});
-  EXPECT_TRUE(matches_reference(params, DecodePath::grouped));
-  EXPECT_TRUE(matches_reference(params, DecodePath::general));
+  struct Sweep {
+    DecodePath path;
+    std::uint64_t seed;
+    std::vector<Index> groups, query_rows;  // query rows 0: drawn from 1..4 for each case
+    std::vector<Index> key_counts;
+    int cases, sanitized_cases;  // sanitized: a third of the cases run (test::sweep_case_runs)
+  };
+  const std::vector<Sweep> sweeps = {
+      {DecodePath::grouped, 501, {1, 2, 4, 8, 16}, {0}, {1, 2, 17, 255, 256, 257, 511, 513, 600}, 20, 7},
+      {DecodePath::streaming, 511, {1, 2, 3}, {1, 2, 3, 4}, {1, 2, 17, 255, 256, 257, 511, 512, 513, 600}, 48, 16},
+  };
+  for (const Sweep& sweep : sweeps) {
+    SCOPED_TRACE(path_name(sweep.path));
+    Random random(sweep.seed);
+    int cases = 0;
+    std::size_t index = 0;
+    for (Index group : sweep.groups)
+      for (Index D : {8, 64, 80, 128})
+        for (Index Lq : sweep.query_rows) {
+          if (!test::sweep_case_runs(index++)) continue;
+          const RandomDecodeCall<T> call(random, group, D, Lq, sweep.key_counts);
+          const auto params = call.params();
+          ASSERT_NE(detail::decode_path(params), DecodePath::general);
+          EXPECT_TRUE(matches_reference(params, sweep.path)) << call.c.describe();
+          EXPECT_TRUE(matches_reference(params, detail::decode_path(params))) << call.c.describe();
+          ++cases;
+        }
+    EXPECT_EQ(cases, test::sanitized ? sweep.sanitized_cases : sweep.cases);
+  }
+}
+
+// The benchmark's decode steps, one query row over several chunks with every key visible (the unmasked paths and
+// their chunk merge), on the path the rule picks for them and on the general path: grouped, H = 32, Hkv = 2 over
+// 1000 keys; streaming, the memory-bound H = Hkv = 8 over 1100 keys (a ragged last chunk).
+TYPED_TEST(DecodeKernelTest, BenchmarkDecodeStepsMatchTheReference) {
+  using T = TypeParam;
+  struct Step {
+    DecodePath path;
+    std::uint64_t seed;
+    Index H, Hkv, Lk;
+  };
+  for (const Step& s : {Step{DecodePath::grouped, 502, 32, 2, 1000}, Step{DecodePath::streaming, 512, 8, 8, 1100}}) {
+    SCOPED_TRACE(path_name(s.path));
+    Random random(s.seed);
+    const Index D = 128;
+    const auto q = random.normal_tensor<T, 4>({1, s.H, 1, D});
+    const auto k = random.normal_tensor<T, 4>({1, s.Hkv, s.Lk, D});
+    const auto v = random.normal_tensor<T, 4>({1, s.Hkv, s.Lk, D});
+    const auto params = detail::make_params<T>(q, k, v, AttentionOptions<T>{});
+    EXPECT_EQ(detail::decode_path(params), s.path);
+    EXPECT_TRUE(matches_reference(params, s.path));
+    EXPECT_TRUE(matches_reference(params, DecodePath::general));
+  }
 }
 
 // Keys and values as views into a cache with more capacity than length (rows D + 5 apart, planes further
-// apart still): the kernel reads them in place through their strides.
+// apart still): each path reads them in place through their strides.
 TYPED_TEST(DecodeKernelTest, ReadsStridedCacheViewsInPlace) {
   using T = TypeParam;
-  Random random(503);
-  const Index B = 2, H = 8, Hkv = 2, Lq = 2, Lk = 300, capacity = 320, D = 20, row = D + 5;
-  const auto q = random.normal_tensor<T, 4>({B, H, Lq, D});
-  auto storage_k = random.normal_tensor<T, 4>({B, Hkv, capacity, row});
-  auto storage_v = random.normal_tensor<T, 4>({B, Hkv, capacity, row});
-  const std::array<Index, 4> shape{B, Hkv, Lk, D};
-  const TensorView<const T, 4> k(storage_k.data(), shape, storage_k.strides());
-  const TensorView<const T, 4> v(storage_v.data(), shape, storage_v.strides());
-  AttentionOptions<T> opts;
-  opts.causal = Causal::bottom_right;
-  opts.key_lengths = {Lk, 123};
-  opts.alibi_slopes = alibi_slopes<T>(H);
-  EXPECT_TRUE(matches_reference(detail::make_params<T>(q.view(), k, v, opts), DecodePath::grouped));
+  struct Case {
+    DecodePath path;
+    std::uint64_t seed;
+    Index H;
+  };
+  for (const Case& c : {Case{DecodePath::grouped, 503, 8}, Case{DecodePath::streaming, 513, 6}}) {
+    SCOPED_TRACE(path_name(c.path));
+    Random random(c.seed);
+    const Index B = 2, H = c.H, Hkv = 2, Lq = 2, Lk = 300, capacity = 320, D = 20, row = D + 5;
+    const auto q = random.normal_tensor<T, 4>({B, H, Lq, D});
+    auto storage_k = random.normal_tensor<T, 4>({B, Hkv, capacity, row});
+    auto storage_v = random.normal_tensor<T, 4>({B, Hkv, capacity, row});
+    const std::array<Index, 4> shape{B, Hkv, Lk, D};
+    const TensorView<const T, 4> k(storage_k.data(), shape, storage_k.strides());
+    const TensorView<const T, 4> v(storage_v.data(), shape, storage_v.strides());
+    AttentionOptions<T> opts;
+    opts.causal = Causal::bottom_right;
+    opts.key_lengths = {Lk, 123};
+    opts.alibi_slopes = alibi_slopes<T>(H);
+    EXPECT_TRUE(matches_reference(detail::make_params<T>(q.view(), k, v, opts), c.path));
+  }
 }
 
 // NaN in keys and values the mask hides (past a batch's key length, past the causal diagonal, before the
-// window) must not reach the output: masked scores are selected to -inf and their products skipped.
+// window) must not reach the output: masked scores are selected to -inf and their products skipped. The one row
+// that sees a NaN key gets NaN (out and lse), as in the reference. Grouped: G = 16 without ALiBi; streaming: G = 3
+// with ALiBi, 3 query rows (9 rows per head: blocks of 4, 4 and 1), a head dim of 80 (scalar tails).
 TYPED_TEST(DecodeKernelTest, MaskedNaNKeysAndValuesDoNotLeak) {
   using T = TypeParam;
-  Random random(504);
-  const Index B = 2, H = 16, Hkv = 1, Lq = 3, Lk = 600, D = 64;
-  const T nan = std::numeric_limits<T>::quiet_NaN();
-  const auto q = random.normal_tensor<T, 4>({B, H, Lq, D});
-  auto k = random.normal_tensor<T, 4>({B, Hkv, Lk, D});
-  auto v = random.normal_tensor<T, 4>({B, Hkv, Lk, D});
-  AttentionOptions<T> opts;
-  opts.causal = Causal::bottom_right;
-  opts.key_lengths = {Lk, 300};
-  opts.window_left = 400;
-  for (Index d = 0; d < D; ++d) {
-    k(0, 0, Lk - 1, d) = v(0, 0, Lk - 1, d) = nan;  // seen only by the last row of batch 0
-    k(1, 0, 450, d) = v(1, 0, 450, d) = nan;        // past batch 1's key length
-    k(0, 0, 10, d) = v(0, 0, 10, d) = nan;          // before every row's window
-  }
-  const auto params = detail::make_params<T>(q, k, v, opts);
-  Tensor<T, 4> out({B, H, Lq, D}), expected_out({B, H, Lq, D});
-  Tensor<T, 3> lse({B, H, Lq}), expected_lse({B, H, Lq});
-  detail::decode_forward(params, detail::ForwardOutputs<T>{out.view(), lse.view(), {}}, DecodePath::grouped);
-  detail::reference_forward(params, detail::ForwardOutputs<T>{expected_out.view(), expected_lse.view(), {}});
-  for (Index h = 0; h < H; ++h)
-    for (Index i = 0; i < Lq; ++i)
-      for (Index d = 0; d < D; ++d) {
-        // The last row of batch 0 sees key Lk - 1: NaN there, as in the reference; nowhere else.
-        const bool sees_nan = i == Lq - 1;
-        EXPECT_EQ(std::isnan(out(0, h, i, d)), sees_nan) << "h " << h << " i " << i;
-        EXPECT_FALSE(std::isnan(out(1, h, i, d))) << "h " << h << " i " << i;
-        if (!sees_nan) {
-          EXPECT_NEAR(out(0, h, i, d), expected_out(0, h, i, d), default_tolerance<T>());
+  struct Case {
+    DecodePath path;
+    std::uint64_t seed;
+    Index H, D;
+    bool alibi;
+  };
+  for (const Case& c : {Case{DecodePath::grouped, 504, 16, 64, false}, Case{DecodePath::streaming, 514, 3, 80, true}}) {
+    SCOPED_TRACE(path_name(c.path));
+    Random random(c.seed);
+    const Index B = 2, H = c.H, Hkv = 1, Lq = 3, Lk = 600, D = c.D;
+    const T nan = std::numeric_limits<T>::quiet_NaN();
+    const auto q = random.normal_tensor<T, 4>({B, H, Lq, D});
+    auto k = random.normal_tensor<T, 4>({B, Hkv, Lk, D});
+    auto v = random.normal_tensor<T, 4>({B, Hkv, Lk, D});
+    AttentionOptions<T> opts;
+    opts.causal = Causal::bottom_right;
+    opts.key_lengths = {Lk, 300};
+    opts.window_left = 400;
+    if (c.alibi) opts.alibi_slopes = alibi_slopes<T>(H);
+    for (Index d = 0; d < D; ++d) {
+      k(0, 0, Lk - 1, d) = v(0, 0, Lk - 1, d) = nan;  // seen only by the last row of batch 0
+      k(1, 0, 450, d) = v(1, 0, 450, d) = nan;        // past batch 1's key length
+      k(0, 0, 10, d) = v(0, 0, 10, d) = nan;          // before every row's window
+    }
+    const auto params = detail::make_params<T>(q, k, v, opts);
+    Tensor<T, 4> out({B, H, Lq, D}), expected_out({B, H, Lq, D});
+    Tensor<T, 3> lse({B, H, Lq}), expected_lse({B, H, Lq});
+    detail::decode_forward(params, detail::ForwardOutputs<T>{out.view(), lse.view(), {}}, c.path);
+    detail::reference_forward(params, detail::ForwardOutputs<T>{expected_out.view(), expected_lse.view(), {}});
+    for (Index h = 0; h < H; ++h)
+      for (Index i = 0; i < Lq; ++i) {
+        const bool sees_nan = i == Lq - 1;  // the last row of batch 0 sees key Lk - 1
+        EXPECT_EQ(std::isnan(lse(0, h, i)), sees_nan) << "h " << h << " i " << i;
+        EXPECT_NEAR(lse(1, h, i), expected_lse(1, h, i), default_tolerance<T>()) << "h " << h << " i " << i;
+        for (Index d = 0; d < D; ++d) {
+          EXPECT_EQ(std::isnan(out(0, h, i, d)), sees_nan) << "h " << h << " i " << i;
+          EXPECT_FALSE(std::isnan(out(1, h, i, d))) << "h " << h << " i " << i;
+          if (!sees_nan) {
+            EXPECT_NEAR(out(0, h, i, d), expected_out(0, h, i, d), default_tolerance<T>());
+          }
+          EXPECT_NEAR(out(1, h, i, d), expected_out(1, h, i, d), default_tolerance<T>());
         }
-        EXPECT_NEAR(out(1, h, i, d), expected_out(1, h, i, d), default_tolerance<T>());
       }
+  }
 }
 
 // A row that sees no key (key length 0, or a window that ends before the first key) gives 0 and lse = -inf.
+// Grouped: 4 heads and 2 query rows (8 rows per key/value head); streaming: 2 heads and 1 query row.
 TYPED_TEST(DecodeKernelTest, RowsWithoutKeysGiveZeroAndMinusInfinity) {
   using T = TypeParam;
-  Random random(505);
-  const Index B = 2, H = 4, Hkv = 1, Lq = 2, Lk = 270, D = 16;
-  const auto q = random.normal_tensor<T, 4>({B, H, Lq, D});
-  const auto k = random.normal_tensor<T, 4>({B, Hkv, Lk, D});
-  const auto v = random.normal_tensor<T, 4>({B, Hkv, Lk, D});
-  AttentionOptions<T> opts;
-  opts.key_lengths = {0, Lk};
-  const auto params = detail::make_params<T>(q, k, v, opts);
-  Tensor<T, 4> out({B, H, Lq, D});
-  Tensor<T, 3> lse({B, H, Lq});
-  out.fill(T(1));
-  detail::decode_forward(params, detail::ForwardOutputs<T>{out.view(), lse.view(), {}}, DecodePath::grouped);
-  for (Index h = 0; h < H; ++h)
-    for (Index i = 0; i < Lq; ++i) {
-      EXPECT_EQ(lse(0, h, i), -std::numeric_limits<T>::infinity());
-      EXPECT_TRUE(std::isfinite(lse(1, h, i)));
-      for (Index d = 0; d < D; ++d) EXPECT_EQ(out(0, h, i, d), T(0));
-    }
-  EXPECT_TRUE(matches_reference(params, DecodePath::grouped));
+  struct Case {
+    DecodePath path;
+    std::uint64_t seed;
+    Index H, Lq;
+  };
+  for (const Case& c : {Case{DecodePath::grouped, 505, 4, 2}, Case{DecodePath::streaming, 515, 2, 1}}) {
+    SCOPED_TRACE(path_name(c.path));
+    Random random(c.seed);
+    const Index B = 2, H = c.H, Hkv = 1, Lq = c.Lq, Lk = 270, D = 16;
+    const auto q = random.normal_tensor<T, 4>({B, H, Lq, D});
+    const auto k = random.normal_tensor<T, 4>({B, Hkv, Lk, D});
+    const auto v = random.normal_tensor<T, 4>({B, Hkv, Lk, D});
+    AttentionOptions<T> opts;
+    opts.key_lengths = {0, Lk};
+    const auto params = detail::make_params<T>(q, k, v, opts);
+    Tensor<T, 4> out({B, H, Lq, D});
+    Tensor<T, 3> lse({B, H, Lq});
+    out.fill(T(1));
+    detail::decode_forward(params, detail::ForwardOutputs<T>{out.view(), lse.view(), {}}, c.path);
+    for (Index h = 0; h < H; ++h)
+      for (Index i = 0; i < Lq; ++i) {
+        EXPECT_EQ(lse(0, h, i), -std::numeric_limits<T>::infinity());
+        EXPECT_TRUE(std::isfinite(lse(1, h, i)));
+        for (Index d = 0; d < D; ++d) EXPECT_EQ(out(0, h, i, d), T(0));
+      }
+    EXPECT_TRUE(matches_reference(params, c.path));
+  }
 }
 
 // Per-element masks, biases and dropout are not the grouped path's: asked for it anyway, decode_forward runs
@@ -235,126 +306,6 @@ TYPED_TEST(DecodeKernelTest, FallsBackToTheGeneralPathForBiasMaskAndDropout) {
     EXPECT_TRUE(matches_reference(params, DecodePath::grouped)) << "variant " << variant;
     EXPECT_TRUE(matches_reference(params, DecodePath::streaming)) << "variant " << variant;
   }
-}
-
-// The streaming path (few rows per key/value head, vectorised over D) over random shapes: G in {1, 2, 3} with
-// every head dim in {8, 64, 80, 128} (8 and 80: not whole AVX-512 packets, so the scalar tails run), 1 to 4
-// query rows (up to 12 rows per head: blocks of 4 rows), key counts around the chunk edges (256), per-batch key
-// lengths, bottom-right causal, windows and ALiBi drawn at random; a value dim unlike D now and then.
-TYPED_TEST(DecodeKernelTest, StreamingPathMatchesTheReferenceOverRandomShapes) {
-  using T = TypeParam;
-  Random random(511);
-  const std::vector<Index> key_counts = {1, 2, 17, 255, 256, 257, 511, 512, 513, 600};
-  int cases = 0;
-  std::size_t index = 0;
-  for (Index group : {1, 2, 3})
-    for (Index D : {8, 64, 80, 128})
-      for (Index Lq = 1; Lq <= 4; ++Lq) {
-        if (!test::sweep_case_runs(index++)) continue;  // a third of the cases under a sanitizer
-        const RandomDecodeCall<T> call(random, group, D, Lq, key_counts);
-        const auto params = call.params();
-        ASSERT_NE(detail::decode_path(params), DecodePath::general);
-        EXPECT_TRUE(matches_reference(params, DecodePath::streaming)) << call.c.describe();
-        EXPECT_TRUE(matches_reference(params, detail::decode_path(params))) << call.c.describe();
-        ++cases;
-      }
-  EXPECT_EQ(cases, test::sanitized ? 16 : 48);
-}
-
-// The benchmark's memory-bound shape (H = Hkv = 8, one query row, D = 128) over several chunks, every key
-// visible, with a ragged last chunk: the unmasked streaming path and its chunk merge.
-TYPED_TEST(DecodeKernelTest, SingleRowDecodeStepMatchesTheReference) {
-  using T = TypeParam;
-  Random random(512);
-  const Index H = 8, Hkv = 8, D = 128, Lk = 1100;
-  const auto q = random.normal_tensor<T, 4>({1, H, 1, D});
-  const auto k = random.normal_tensor<T, 4>({1, Hkv, Lk, D});
-  const auto v = random.normal_tensor<T, 4>({1, Hkv, Lk, D});
-  const auto params = detail::make_params<T>(q, k, v, AttentionOptions<T>{});
-  EXPECT_TRUE(matches_reference(params, DecodePath::streaming));
-  EXPECT_TRUE(matches_reference(params, detail::decode_path(params)));
-}
-
-// Strided cache views (rows D + 5 apart, capacity beyond the length) through the streaming path.
-TYPED_TEST(DecodeKernelTest, StreamingPathReadsStridedCacheViewsInPlace) {
-  using T = TypeParam;
-  Random random(513);
-  const Index B = 2, H = 6, Hkv = 2, Lq = 2, Lk = 300, capacity = 320, D = 20, row = D + 5;
-  const auto q = random.normal_tensor<T, 4>({B, H, Lq, D});
-  auto storage_k = random.normal_tensor<T, 4>({B, Hkv, capacity, row});
-  auto storage_v = random.normal_tensor<T, 4>({B, Hkv, capacity, row});
-  const std::array<Index, 4> shape{B, Hkv, Lk, D};
-  const TensorView<const T, 4> k(storage_k.data(), shape, storage_k.strides());
-  const TensorView<const T, 4> v(storage_v.data(), shape, storage_v.strides());
-  AttentionOptions<T> opts;
-  opts.causal = Causal::bottom_right;
-  opts.key_lengths = {Lk, 123};
-  opts.alibi_slopes = alibi_slopes<T>(H);
-  EXPECT_TRUE(matches_reference(detail::make_params<T>(q.view(), k, v, opts), DecodePath::streaming));
-}
-
-// NaN in keys and values the mask hides must not reach the streaming path's output either; the one row that
-// sees a NaN key gets NaN, as in the reference. G = 3, 3 query rows (9 rows per head: blocks of 4, 4 and 1).
-TYPED_TEST(DecodeKernelTest, StreamingPathDoesNotLeakMaskedNaN) {
-  using T = TypeParam;
-  Random random(514);
-  const Index B = 2, H = 3, Hkv = 1, Lq = 3, Lk = 600, D = 80;
-  const T nan = std::numeric_limits<T>::quiet_NaN();
-  const auto q = random.normal_tensor<T, 4>({B, H, Lq, D});
-  auto k = random.normal_tensor<T, 4>({B, Hkv, Lk, D});
-  auto v = random.normal_tensor<T, 4>({B, Hkv, Lk, D});
-  AttentionOptions<T> opts;
-  opts.causal = Causal::bottom_right;
-  opts.key_lengths = {Lk, 300};
-  opts.window_left = 400;
-  opts.alibi_slopes = alibi_slopes<T>(H);
-  for (Index d = 0; d < D; ++d) {
-    k(0, 0, Lk - 1, d) = v(0, 0, Lk - 1, d) = nan;  // seen only by the last row of batch 0
-    k(1, 0, 450, d) = v(1, 0, 450, d) = nan;        // past batch 1's key length
-    k(0, 0, 10, d) = v(0, 0, 10, d) = nan;          // before every row's window
-  }
-  const auto params = detail::make_params<T>(q, k, v, opts);
-  Tensor<T, 4> out({B, H, Lq, D}), expected_out({B, H, Lq, D});
-  Tensor<T, 3> lse({B, H, Lq}), expected_lse({B, H, Lq});
-  detail::decode_forward(params, detail::ForwardOutputs<T>{out.view(), lse.view(), {}}, DecodePath::streaming);
-  detail::reference_forward(params, detail::ForwardOutputs<T>{expected_out.view(), expected_lse.view(), {}});
-  for (Index h = 0; h < H; ++h)
-    for (Index i = 0; i < Lq; ++i) {
-      const bool sees_nan = i == Lq - 1;
-      EXPECT_EQ(std::isnan(lse(0, h, i)), sees_nan) << "h " << h << " i " << i;
-      EXPECT_NEAR(lse(1, h, i), expected_lse(1, h, i), default_tolerance<T>()) << "h " << h << " i " << i;
-      for (Index d = 0; d < D; ++d) {
-        EXPECT_EQ(std::isnan(out(0, h, i, d)), sees_nan) << "h " << h << " i " << i;
-        EXPECT_FALSE(std::isnan(out(1, h, i, d))) << "h " << h << " i " << i;
-        if (!sees_nan) {
-          EXPECT_NEAR(out(0, h, i, d), expected_out(0, h, i, d), default_tolerance<T>());
-        }
-        EXPECT_NEAR(out(1, h, i, d), expected_out(1, h, i, d), default_tolerance<T>());
-      }
-    }
-}
-
-// Rows that see no key through the streaming path: 0 and lse = -inf.
-TYPED_TEST(DecodeKernelTest, StreamingRowsWithoutKeysGiveZeroAndMinusInfinity) {
-  using T = TypeParam;
-  Random random(515);
-  const Index B = 2, H = 2, Hkv = 1, Lq = 1, Lk = 270, D = 16;
-  const auto q = random.normal_tensor<T, 4>({B, H, Lq, D});
-  const auto k = random.normal_tensor<T, 4>({B, Hkv, Lk, D});
-  const auto v = random.normal_tensor<T, 4>({B, Hkv, Lk, D});
-  AttentionOptions<T> opts;
-  opts.key_lengths = {0, Lk};
-  const auto params = detail::make_params<T>(q, k, v, opts);
-  Tensor<T, 4> out({B, H, Lq, D});
-  Tensor<T, 3> lse({B, H, Lq});
-  out.fill(T(1));
-  detail::decode_forward(params, detail::ForwardOutputs<T>{out.view(), lse.view(), {}}, DecodePath::streaming);
-  for (Index h = 0; h < H; ++h) {
-    EXPECT_EQ(lse(0, h, 0), -std::numeric_limits<T>::infinity());
-    EXPECT_TRUE(std::isfinite(lse(1, h, 0)));
-    for (Index d = 0; d < D; ++d) EXPECT_EQ(out(0, h, 0, d), T(0));
-  }
-  EXPECT_TRUE(matches_reference(params, DecodePath::streaming));
 }
 
 }  // namespace

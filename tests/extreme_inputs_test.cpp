@@ -15,6 +15,7 @@
 #include "support/expect_error.hpp"
 #include "support/gradcheck.hpp"
 #include "support/random.hpp"
+#include "support/scalars.hpp"
 
 #include <gtest/gtest.h>
 
@@ -22,6 +23,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace selfattn {
@@ -34,8 +36,7 @@ using test::Random;
 
 template <typename T>
 class ExtremeInputsTest : public ::testing::Test {};
-using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(ExtremeInputsTest, Scalars, );
+TYPED_TEST_SUITE(ExtremeInputsTest, test::Scalars, );
 
 // Every forward kernel of the public dispatch; the decode kernel's backward is the fused one.
 const std::vector<Kernel> kernels = {Kernel::reference, Kernel::fused, Kernel::decode};
@@ -675,6 +676,22 @@ Problem<T> causal_problem(Random& random, Index L = 40) {
   return p;
 }
 
+// A problem's forward, and its backward from that forward's out and lse, on one kernel: the tests below compare the
+// run of a problem with that of a copy holding a non-finite number.
+template <typename T>
+struct Run {
+  AttentionForward<T> f;
+  AttentionGradients<T> g;
+};
+
+template <typename T>
+Run<T> run(const Problem<T>& p, Kernel kernel) {
+  const auto opts = on(kernel, p.opts);
+  auto f = sdpa_forward(p.q, p.k, p.v, opts);
+  auto g = sdpa_backward(p.q, p.k, p.v, f.out, f.lse, p.dout, opts);
+  return {std::move(f), std::move(g)};
+}
+
 // NaN in q row i (batch 1, head 0): only output row i of that head is NaN (and its lse); every other row is
 // unchanged. Backward: dq row i and the dk, dv rows of the keys row i attends (j <= i) are NaN; every other
 // gradient row is unchanged.
@@ -687,8 +704,8 @@ TYPED_TEST(ExtremeInputsTest, NanInAQueryRowReachesOnlyThatRow) {
   bad.q(1, 0, i, 3) = nan<T>;
   for (Kernel kernel : kernels) {
     SCOPED_TRACE(kernel_name(kernel));
-    const auto opts = on(kernel, clean.opts);
-    const auto f0 = sdpa_forward(clean.q, clean.k, clean.v, opts), f1 = sdpa_forward(bad.q, bad.k, bad.v, opts);
+    const auto [f0, g0] = run(clean, kernel);
+    const auto [f1, g1] = run(bad, kernel);
     for (Index b = 0; b < 2; ++b)
       for (Index h = 0; h < 2; ++h)
         for (Index r = 0; r < L; ++r) {
@@ -699,8 +716,6 @@ TYPED_TEST(ExtremeInputsTest, NanInAQueryRowReachesOnlyThatRow) {
           }
           EXPECT_EQ(std::isnan(f1.lse(b, h, r)), poisoned);
         }
-    const auto g0 = sdpa_backward(clean.q, clean.k, clean.v, f0.out, f0.lse, clean.dout, opts);
-    const auto g1 = sdpa_backward(bad.q, bad.k, bad.v, f1.out, f1.lse, bad.dout, opts);
     for (Index b = 0; b < 2; ++b)
       for (Index r = 0; r < L; ++r) {
         for (Index h = 0; h < 2; ++h) {
@@ -731,10 +746,8 @@ TYPED_TEST(ExtremeInputsTest, NanInAKeyReachesEveryRowThatAttendsIt) {
   bad.k(0, 0, j, 5) = nan<T>;
   for (Kernel kernel : kernels) {
     SCOPED_TRACE(kernel_name(kernel));
-    const auto opts = on(kernel, clean.opts);
-    const auto f0 = sdpa_forward(clean.q, clean.k, clean.v, opts), f1 = sdpa_forward(bad.q, bad.k, bad.v, opts);
-    const auto g0 = sdpa_backward(clean.q, clean.k, clean.v, f0.out, f0.lse, clean.dout, opts);
-    const auto g1 = sdpa_backward(bad.q, bad.k, bad.v, f1.out, f1.lse, bad.dout, opts);
+    const auto [f0, g0] = run(clean, kernel);
+    const auto [f1, g1] = run(bad, kernel);
     for (Index b = 0; b < 2; ++b)
       for (Index h = 0; h < 2; ++h)
         for (Index r = 0; r < L; ++r) {
@@ -764,8 +777,8 @@ TYPED_TEST(ExtremeInputsTest, NonFiniteValueElementReachesOnlyItsColumnOfTheRows
     bad.v(1, 0, j, column) = planted;
     for (Kernel kernel : kernels) {
       SCOPED_TRACE(kernel_name(kernel));
-      const auto opts = on(kernel, clean.opts);
-      const auto f0 = sdpa_forward(clean.q, clean.k, clean.v, opts), f1 = sdpa_forward(bad.q, bad.k, bad.v, opts);
+      const auto [f0, g0] = run(clean, kernel);
+      const auto [f1, g1] = run(bad, kernel);
       EXPECT_TRUE(all_close(f1.lse, f0.lse, 0.0));
       for (Index b = 0; b < 2; ++b)
         for (Index h = 0; h < 2; ++h)
@@ -781,8 +794,6 @@ TYPED_TEST(ExtremeInputsTest, NonFiniteValueElementReachesOnlyItsColumnOfTheRows
                 EXPECT_EQ(got, f0.out(b, h, r, d)) << b << h << r << d;
               }
             }
-      const auto g0 = sdpa_backward(clean.q, clean.k, clean.v, f0.out, f0.lse, clean.dout, opts);
-      const auto g1 = sdpa_backward(bad.q, bad.k, bad.v, f1.out, f1.lse, bad.dout, opts);
       EXPECT_TRUE(all_close(g1.dv, g0.dv, 0.0));
       for (Index r = 0; r < j; ++r)
         for (Index h = 0; h < 2; ++h) EXPECT_TRUE(row_equal(g1.dq, g0.dq, 1, h, r)) << "rows before j do not attend it";
@@ -872,16 +883,13 @@ TYPED_TEST(ExtremeInputsTest, InfiniteQueryEntryGivesInfiniteScoresWithTheirMask
 TYPED_TEST(ExtremeInputsTest, NanInTheUpstreamGradientReachesOnlyThatRowsGradients) {
   using T = TypeParam;
   Random random(614);
-  const Problem<T> p = causal_problem<T>(random);
-  const Index L = p.q.dim(2), i = 11;
-  Tensor<T, 4> bad_dout = p.dout;
-  bad_dout(0, 1, i, 2) = nan<T>;
+  const Problem<T> clean = causal_problem<T>(random);
+  const Index L = clean.q.dim(2), i = 11;
+  Problem<T> bad = clean;
+  bad.dout(0, 1, i, 2) = nan<T>;
   for (Kernel kernel : kernels) {
     SCOPED_TRACE(kernel_name(kernel));
-    const auto opts = on(kernel, p.opts);
-    const auto f = sdpa_forward(p.q, p.k, p.v, opts);
-    const auto g0 = sdpa_backward(p.q, p.k, p.v, f.out, f.lse, p.dout, opts);
-    const auto g1 = sdpa_backward(p.q, p.k, p.v, f.out, f.lse, bad_dout, opts);
+    const AttentionGradients<T> g0 = run(clean, kernel).g, g1 = run(bad, kernel).g;  // the forward reads no dout
     for (Index r = 0; r < L; ++r) {
       EXPECT_EQ(row_all_nan(g1.dq, 0, 1, r), r == i) << r;
       if (r != i) {
@@ -933,14 +941,12 @@ TYPED_TEST(ExtremeInputsTest, NonFiniteNumbersAtMaskedPositionsNeverReachAnOutpu
   bad_bias(0, 0, 20, L - 1) = nan<T>;    // padding
   for (Kernel kernel : kernels) {
     SCOPED_TRACE(kernel_name(kernel));
-    const auto f0 = sdpa_forward(clean.q, clean.k, clean.v, on(kernel, clean.opts));
-    const auto f1 = sdpa_forward(bad.q, bad.k, bad.v, on(kernel, bad.opts));
+    const auto [f0, g0] = run(clean, kernel);
+    const auto [f1, g1] = run(bad, kernel);
     EXPECT_TRUE(all_finite(f1.out));
     EXPECT_TRUE(all_close(f1.out, f0.out, 0.0));
     EXPECT_TRUE(all_close(f1.lse, f0.lse, 0.0));
     EXPECT_EQ(f1.lse(0, 0, 5), -inf<T>);
-    const auto g0 = sdpa_backward(clean.q, clean.k, clean.v, f0.out, f0.lse, clean.dout, on(kernel, clean.opts));
-    const auto g1 = sdpa_backward(bad.q, bad.k, bad.v, f1.out, f1.lse, bad.dout, on(kernel, bad.opts));
     for (const auto& pair : {std::make_pair(&g1.dq, &g0.dq), std::make_pair(&g1.dk, &g0.dk), std::make_pair(&g1.dv, &g0.dv),
                              std::make_pair(&g1.dbias, &g0.dbias)}) {
       EXPECT_TRUE(all_finite(*pair.first));

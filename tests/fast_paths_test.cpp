@@ -14,6 +14,7 @@
 #include "support/compare.hpp"
 #include "support/random.hpp"
 #include "support/sanitizers.hpp"
+#include "support/scalars.hpp"
 #include "support/sweep.hpp"
 
 #include <gtest/gtest.h>
@@ -33,8 +34,7 @@ using test::Shape;
 
 template <typename T>
 class FastPathsTest : public ::testing::Test {};
-using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(FastPathsTest, Scalars, );
+TYPED_TEST_SUITE(FastPathsTest, test::Scalars, );
 
 // The shared sweep, and shapes beyond its lengths: more query rows than a fused block (64 float or 32 double
 // lanes), more keys than a fused tile (64) or a decode chunk (256), few query rows over several chunks with every

@@ -6,6 +6,7 @@
 #include "support/compare.hpp"
 #include "support/expect_error.hpp"
 #include "support/random.hpp"
+#include "support/scalars.hpp"
 
 #include <gtest/gtest.h>
 
@@ -22,8 +23,7 @@ using test::Random;
 
 template <typename T>
 class HeadsTest : public ::testing::Test {};
-using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(HeadsTest, Scalars, );
+TYPED_TEST_SUITE(HeadsTest, test::Scalars, );
 
 // Expects h(b, i, l, d) == x(b, l, i * D + d) for every element.
 template <typename H, typename X>

@@ -9,6 +9,7 @@
 #include "support/module_by_hand.hpp"
 #include "support/random.hpp"
 #include "support/sanitizers.hpp"
+#include "support/scalars.hpp"
 
 #include <gtest/gtest.h>
 
@@ -29,8 +30,7 @@ using test::Random;
 
 template <typename T>
 class KVCacheTest : public ::testing::Test {};
-using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(KVCacheTest, Scalars, );
+TYPED_TEST_SUITE(KVCacheTest, test::Scalars, );
 
 // Rows [begin, end) of every batch of x (B, L, E).
 template <typename T>

@@ -7,6 +7,7 @@
 #include "support/compare.hpp"
 #include "support/expect_error.hpp"
 #include "support/random.hpp"
+#include "support/scalars.hpp"
 
 #include <gtest/gtest.h>
 
@@ -160,8 +161,7 @@ Tensor<U, 4> expand(const Tensor<U, 3>& m, Index batch, Index heads) {
 
 template <typename T>
 class MaskRankTest : public ::testing::Test {};
-using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(MaskRankTest, Scalars, );
+TYPED_TEST_SUITE(MaskRankTest, test::Scalars, );
 
 const char* kernel_name(Kernel kernel) {
   return kernel == Kernel::reference ? "reference" : kernel == Kernel::fused ? "fused" : "decode";

@@ -18,11 +18,10 @@ namespace selfattn {
 namespace {
 
 using test::all_close;
+using test::gradient_tolerance;
 using test::numerical_gradient;
 using test::Random;
 using test::weighted_sum;
-
-constexpr double gradient_tolerance = 1e-7;
 
 // ---- PyTorch autograd conformance ----------------------------------------------------------------
 

@@ -8,6 +8,7 @@
 #include "support/module_by_hand.hpp"
 #include "support/pytorch_case.hpp"
 #include "support/random.hpp"
+#include "support/scalars.hpp"
 
 #include <gtest/gtest.h>
 
@@ -59,8 +60,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, PyTorchConformance,
 
 template <typename T>
 class MultiHeadTest : public ::testing::Test {};
-using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(MultiHeadTest, Scalars, );
+TYPED_TEST_SUITE(MultiHeadTest, test::Scalars, );
 
 // Rows of x (B, L, E) reordered: result row l is x row order[l], in every batch.
 template <typename T>

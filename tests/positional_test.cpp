@@ -5,6 +5,8 @@
 // the ALiBi slopes for non-power-of-two head counts are worked out by hand in the comments.
 #include <selfattn/positional.hpp>
 
+#include "support/scalars.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -120,8 +122,7 @@ long double dot(const std::vector<T>& a, const std::vector<T>& b) {
 
 template <typename T>
 class PositionalTest : public ::testing::Test {};
-using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(PositionalTest, Scalars, );
+TYPED_TEST_SUITE(PositionalTest, selfattn::test::Scalars, );
 
 const RopeStyle kStyles[] = {RopeStyle::half, RopeStyle::interleaved};
 

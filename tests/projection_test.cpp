@@ -7,6 +7,7 @@
 #include "support/expect_error.hpp"
 #include "support/random.hpp"
 #include "support/sanitizers.hpp"
+#include "support/scalars.hpp"
 
 #include <gtest/gtest.h>
 
@@ -25,8 +26,7 @@ using test::Random;
 
 template <typename T>
 class ProjectionTest : public ::testing::Test {};
-using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(ProjectionTest, Scalars, );
+TYPED_TEST_SUITE(ProjectionTest, test::Scalars, );
 
 // y[b, l, o] = sum_i x[b, l, i] W[o, i] + bias[o], accumulated in long double.
 template <typename T>

@@ -14,6 +14,7 @@
 #include "support/brute_force.hpp"
 #include "support/compare.hpp"
 #include "support/random.hpp"
+#include "support/scalars.hpp"
 
 #include <gtest/gtest.h>
 
@@ -32,8 +33,7 @@ using test::Random;
 
 template <typename T>
 class SoftmaxRulesTest : public ::testing::Test {};
-using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(SoftmaxRulesTest, Scalars, );
+TYPED_TEST_SUITE(SoftmaxRulesTest, test::Scalars, );
 
 template <typename T>
 constexpr T minus_infinity = -std::numeric_limits<T>::infinity();

@@ -7,6 +7,7 @@
 #include "support/compare.hpp"
 #include "support/expect_error.hpp"
 #include "support/random.hpp"
+#include "support/scalars.hpp"
 
 #include <gtest/gtest.h>
 
@@ -27,8 +28,7 @@ using test::Random;
 
 template <typename T>
 class TensorTest : public ::testing::Test {};
-using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(TensorTest, Scalars, );
+TYPED_TEST_SUITE(TensorTest, test::Scalars, );
 
 // Fills a tensor with its flat index: element n is n, so every position is distinguishable.
 template <typename T, int Rank>

@@ -10,6 +10,7 @@
 #include "support/brute_force.hpp"
 #include "support/compare.hpp"
 #include "support/random.hpp"
+#include "support/scalars.hpp"
 
 #include <gtest/gtest.h>
 
@@ -79,8 +80,7 @@ TEST(FusedTest, ThreadCountChangesNothingButRounding) {
 
 template <typename T>
 class DecodeThreadsTest : public ::testing::Test {};
-using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(DecodeThreadsTest, Scalars, );
+TYPED_TEST_SUITE(DecodeThreadsTest, test::Scalars, );
 
 // One decode step of `path` on 1 and 2 threads, and again on 1: the partials of the chunks are merged in chunk
 // order whoever computed them, so all three are the same bits; and they are the brute force's result.

@@ -21,11 +21,10 @@ namespace selfattn {
 namespace {
 
 using test::all_close;
+using test::gradient_tolerance;
 using test::numerical_gradient;
 using test::Random;
 using test::weighted_sum;
-
-constexpr double gradient_tolerance = 1e-7;
 
 /// Checks a gradient against central differences; an absent (empty) parameter must have an empty gradient.
 template <int Rank, typename Loss>

@@ -26,6 +26,8 @@
 #include <selfattn/train/parameters.hpp>
 #include <selfattn/train/schedule.hpp>
 
+#include "../example_args.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cerrno>
@@ -194,13 +196,9 @@ bool parse_options(int argc, char** argv, Options& o) {
       out = v;
       return true;
     };
-    const auto seed = [&](std::uint64_t& out) {
-      const unsigned long long v = std::strtoull(value, &end, 10);
-      if (end == value || *end != '\0') return false;
-      out = v;
-      return true;
-    };
     bool ok = true;
+    // A table of flags, one line each.
+    // clang-format off
     if (flag == "--text") o.text = value;
     else if (flag == "--save") o.save = value;
     else if (flag == "--load") o.load = value;
@@ -216,7 +214,7 @@ bool parse_options(int argc, char** argv, Options& o) {
     else if (flag == "--weight-decay") ok = real(o.weight_decay, 0);
     else if (flag == "--clip") ok = real(o.clip, 1e-12);
     else if (flag == "--dropout") ok = real(o.dropout, 0) && o.dropout < 1;
-    else if (flag == "--seed") ok = seed(o.seed);
+    else if (flag == "--seed") ok = parse_seed(value, o.seed);
     else if (flag == "--print-every") ok = integer(o.print_every, 1);
     else if (flag == "--eval-every") ok = integer(o.eval_every, 0);
     else if (flag == "--margin") ok = real(o.margin, -1e9);
@@ -224,11 +222,12 @@ bool parse_options(int argc, char** argv, Options& o) {
     else if (flag == "--generate") ok = integer(o.generate, 0);
     else if (flag == "--temperature") ok = real(o.temperature, 0);
     else if (flag == "--top-k") ok = integer(o.top_k, 0);
-    else if (flag == "--sample-seed") ok = seed(o.sample_seed);
+    else if (flag == "--sample-seed") ok = parse_seed(value, o.sample_seed);
     else {
       std::fprintf(stderr, "tiny_lm: unknown flag %s; see --help\n", flag.c_str());
       return false;
     }
+    // clang-format on
     if (!ok) {
       std::fprintf(stderr, "tiny_lm: bad value '%s' for %s; see --help\n", value, flag.c_str());
       return false;

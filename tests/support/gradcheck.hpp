@@ -1,12 +1,16 @@
 // tests/support/gradcheck.hpp — central finite differences in double, to check analytic gradients.
 //
 //   auto numeric = numerical_gradient(q, [&] { return loss(); });
-//   EXPECT_TRUE(all_close(analytic.dq, numeric, 1e-7));
+//   EXPECT_TRUE(all_close(analytic.dq, numeric, gradient_tolerance));
 #pragma once
 
 #include <selfattn/tensor.hpp>
 
 namespace selfattn::test {
+
+/// How close (all_close, relative) a gradient and its central differences must be: for smooth functions in double,
+/// truncation ~h^2 and rounding ~eps/h at the default step h = 1e-6 leave ~1e-8 relative.
+constexpr double gradient_tolerance = 1e-7;
 
 /// d loss / d x by central differences, (loss(x + h e_n) - loss(x - h e_n)) / 2h for every element n.
 /// `x` is perturbed in place and restored exactly; `loss` must read it.
