@@ -13,8 +13,14 @@
 // log p_j = s_j - logsumexp(s) (the variance of the scores softmax was given, read back from its output: about d
 // unscaled, 1 scaled).
 //
+// Then the backward, on draws of its own: with L = sum(O * G) for G with N(0, 1) entries and q = x W_Q^T (x N(0, 1),
+// W_Q N(0, 1/d)), the RMS of an entry of dL/dq (the library's sdpa_backward) and of dL/dW_Q = sum dq^T x, unscaled
+// and scaled. Does the gradient vanish or explode without the scale? The Jacobian vanishes, but what reaches q and
+// W_Q grows: dL/dp_ij = G_i . v_j and the keys that carry ds back to q both have norms of order sqrt(d).
+//
 // Usage: attention_scaling [--seed N]     (default seed 1; the same seed prints the same output)
-// Writes scaling.svg (variance, entropy, largest weight and ||J||_F against d) in the current directory.
+// Writes scaling.svg (variance, entropy, largest weight, ||J||_F, dL/dq and dL/dW_Q against d) in the current
+// directory.
 // Exits 1 unless
 //   Var(q.k) grows like d: the slope of log Var against log d, fitted over the 7 d, is in [0.95, 1.05], and at
 //     every d the scaled variance Var(q.k) / d is within 4 standard errors of 1;
@@ -24,12 +30,17 @@
 //     mean, over 1024 rows, has a standard error of about 0.01 nats, printed; seeds 1 to 30 gave bands of 0.007
 //     to 0.035, and 0.014 to 0.041 with 256 rows);
 //   without it the rows saturate: the unscaled mean entropy falls by more than half from d = 16 to d = 1024, and
-//     the unscaled ||J||_F at d = 1024 is below half its value at d = 16 and below the scaled one.
+//     the unscaled ||J||_F at d = 1024 is below half its value at d = 16 and below the scaled one;
+//   yet without it the gradients grow: the unscaled RMS of dL/dq and of dL/dW_Q at d = 1024 are more than twice
+//     their values at d = 16, while scaled each stays within a factor of 1.5 over all d (seeds 1 to 30 grew 3.1 to
+//     4.8 times and spread at most 1.27; seeds 1 to 10 with 256 rows grew 2.9 to 5.2 times and spread at most 1.21).
 // Walk-through and measured tables: docs/scaling.md.
 #include <selfattn/plot/line_chart.hpp>
 #include <selfattn/selfattn.hpp>
 
 #include "example_args.hpp"
+
+#include <Eigen/Core>
 
 #include <algorithm>
 #include <array>
@@ -166,12 +177,59 @@ double log_log_slope(const std::vector<double>& x, const std::vector<double>& y)
   return sxy / sxx;
 }
 
+// ---- The backward: what the scale does to the gradients ------------------------------------------------
+//
+// L = sum(O * G) for an upstream gradient G with N(0, 1) entries, and q = x W_Q^T with x N(0, 1) and W_Q N(0, 1/d),
+// so that q has N(0, 1) entries as above. dL/dq comes from the library's backward (sdpa_backward), and
+// dL/dW_Q = sum over the rows of dq^T x. Unscaled, the softmax's Jacobian shrinks as the rows saturate, but what it
+// multiplies grows: dL/dp_ij = G_i . v_j and the keys that carry ds back to q both have norms of order sqrt(d).
+
+struct GradientStats {
+  double dq = 0;  // RMS of an entry of dL/dq
+  double dw = 0;  // RMS of an entry of dL/dW_Q
+};
+
+struct GradientMeasurement {
+  Index d = 0;
+  GradientStats unscaled, scaled;
+};
+
+GradientMeasurement measure_gradients(Rng& rng, Index d) {
+  GradientMeasurement m;
+  m.d = d;
+  const Tensor<T, 4> x = random_normal(rng, kQueries, d);
+  Eigen::MatrixXd w_q(d, d);
+  for (Index n = 0; n < w_q.size(); ++n) w_q.data()[n] = normal(rng) / std::sqrt(static_cast<double>(d));
+  const Tensor<T, 4> k = random_normal(rng, kKeys, d), v = random_normal(rng, kKeys, d);
+  const Tensor<T, 4> g = random_normal(rng, kQueries, d);  // dL/dO
+  Tensor<T, 4> q(x.shape());
+  for (Index b = 0; b < kBatches; ++b) as_matrix(q[b][0]) = as_matrix(x[b][0]) * w_q.transpose();
+  const auto gradients = [&](const AttentionOptions<T>& opts) {
+    const AttentionForward<T> f = sdpa_forward(q, k, v, opts);
+    const AttentionGradients<T> grad = sdpa_backward(q, k, v, f.out, f.lse, g, opts);
+    Eigen::MatrixXd dw = Eigen::MatrixXd::Zero(d, d);  // dL/dW_Q = sum_b dq_b^T x_b
+    for (Index b = 0; b < kBatches; ++b) dw.noalias() += as_matrix(grad.dq[b][0]).transpose() * as_matrix(x[b][0]);
+    const double dq_norm = Eigen::Map<const Eigen::VectorXd>(grad.dq.data(), grad.dq.size()).norm();
+    return GradientStats{dq_norm / std::sqrt(static_cast<double>(grad.dq.size())), dw.norm() / static_cast<double>(d)};
+  };
+  AttentionOptions<T> unscaled;
+  unscaled.scale = 1.0;
+  m.unscaled = gradients(unscaled);
+  m.scaled = gradients(AttentionOptions<T>{});
+  return m;
+}
+
+// Largest over smallest of a series: 1 when it is flat.
+double spread(const std::vector<double>& y) {
+  return *std::max_element(y.begin(), y.end()) / *std::min_element(y.begin(), y.end());
+}
+
 // ---- The picture ---------------------------------------------------------------------------------------
 
 constexpr const char* kUnscaledColour = "#d62728";
 constexpr const char* kScaledColour = "#1f77b4";
 
-bool write_picture(const std::vector<Measurement>& ms) {
+bool write_picture(const std::vector<Measurement>& ms, const std::vector<GradientMeasurement>& gs) {
   std::vector<double> d, var_unscaled, var_scaled;
   std::array<std::vector<double>, 2> entropy, max_weight, jacobian;  // [0] unscaled, [1] scaled
   for (const Measurement& m : ms) {
@@ -207,11 +265,22 @@ bool write_picture(const std::vector<Measurement>& ms) {
   top.references.push_back({1.0 / static_cast<double>(kKeys), "1/64: uniform"});
   LineChart j = chart("softmax Jacobian: the gradient's way back", "mean ||diag(p) \u2212 p p^T||_F", jacobian);
   j.y.min = 0;
+  std::array<std::vector<double>, 2> dq, dw;  // [0] unscaled, [1] scaled
+  for (const GradientMeasurement& g : gs) {
+    dq[0].push_back(g.unscaled.dq);
+    dq[1].push_back(g.scaled.dq);
+    dw[0].push_back(g.unscaled.dw);
+    dw[1].push_back(g.scaled.dw);
+  }
+  LineChart q_gradient = chart("the gradient that reaches q", "RMS of an entry of dL/dq", dq);
+  q_gradient.y.min = 0;
+  LineChart w_gradient = chart("the gradient that reaches W_Q", "RMS of an entry of dL/dW_Q", dw);
+  w_gradient.y.min = 0;
   LineChartOptions options;
   options.title = "Scores of random q, k (N(0, 1) entries), 64 keys a row: with and without 1/sqrt(d)";
   options.charts_per_row = 2;
   try {
-    write_line_charts_svg("scaling.svg", {variance, h, top, j}, options);
+    write_line_charts_svg("scaling.svg", {variance, h, top, j, q_gradient, w_gradient}, options);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return false;
@@ -232,6 +301,10 @@ int main(int argc, char** argv) {
               std::log(static_cast<double>(kKeys)));
   std::vector<Measurement> ms;
   for (Index d : kDims) ms.push_back(measure(rng, d));
+  // The backward's draws come from a second stream of the same seed, so the forward's numbers stay those above.
+  Rng gradient_rng(seed ^ 0x9e3779b97f4a7c15u);
+  std::vector<GradientMeasurement> gs;
+  for (Index d : kDims) gs.push_back(measure_gradients(gradient_rng, d));
 
   std::printf(
       "                                ------------- unscaled -------------   ------ scaled by 1/sqrt(d) ------\n"
@@ -243,7 +316,14 @@ int main(int argc, char** argv) {
                 m.scaled.jacobian);
   std::printf("(seen: the variance over a row of log p_j = s_j - logsumexp(s), the scores softmax was given, "
               "from the weights)\n");
-  if (!write_picture(ms)) return 1;
+  std::printf(
+      "\nBackward: L = sum(O * G), G with N(0, 1) entries; q = x W_Q^T, x N(0, 1), W_Q N(0, 1/d); "
+      "RMS of an entry:\n"
+      "     d   ||J||_F unscaled   dL/dq unscaled   scaled   dL/dW_Q unscaled   scaled\n");
+  for (std::size_t i = 0; i < gs.size(); ++i)
+    std::printf("  %4td   %16.4f   %14.3f   %6.3f   %16.2f   %6.2f\n", gs[i].d, ms[i].unscaled.jacobian,
+                gs[i].unscaled.dq, gs[i].scaled.dq, gs[i].unscaled.dw, gs[i].scaled.dw);
+  if (!write_picture(ms, gs)) return 1;
   std::printf("\nwrote scaling.svg\n\n");
 
   // ---- The verdict ----
@@ -286,11 +366,31 @@ int main(int argc, char** argv) {
                 "unscaled entropy collapses: %.3f nats at d = 16, %.3f at d = 1024 (needs < half)",
                 first.unscaled.entropy, last.unscaled.entropy);
   check(last.unscaled.entropy < 0.5 * first.unscaled.entropy, line);
-  std::snprintf(line, sizeof line,
-                "unscaled gradients vanish: ||J||_F %.4f at d = 16, %.4f at d = 1024 (needs < half, and < the "
-                "scaled %.4f)",
-                first.unscaled.jacobian, last.unscaled.jacobian, last.scaled.jacobian);
+  std::snprintf(
+      line, sizeof line,
+      "the unscaled softmax Jacobian vanishes: ||J||_F %.4f at d = 16, %.4f at d = 1024 (needs < half, and < the "
+      "scaled %.4f)",
+      first.unscaled.jacobian, last.unscaled.jacobian, last.scaled.jacobian);
   check(last.unscaled.jacobian < 0.5 * first.unscaled.jacobian && last.unscaled.jacobian < last.scaled.jacobian,
         line);
+  std::vector<double> dq_scaled, dw_scaled;
+  for (const GradientMeasurement& g : gs) {
+    dq_scaled.push_back(g.scaled.dq);
+    dw_scaled.push_back(g.scaled.dw);
+  }
+  const GradientMeasurement &g16 = gs.front(), &g1024 = gs.back();
+  std::snprintf(line, sizeof line,
+                "yet unscaled, the gradient that reaches q grows: RMS dL/dq %.3f at d = 16, %.3f at d = 1024 "
+                "(needs > 2x)",
+                g16.unscaled.dq, g1024.unscaled.dq);
+  check(g1024.unscaled.dq > 2 * g16.unscaled.dq, line);
+  std::snprintf(line, sizeof line,
+                "and so does the one that reaches W_Q: RMS dL/dW_Q %.2f at d = 16, %.2f at d = 1024 (needs > 2x)",
+                g16.unscaled.dw, g1024.unscaled.dw);
+  check(g1024.unscaled.dw > 2 * g16.unscaled.dw, line);
+  std::snprintf(line, sizeof line,
+                "scaled, both stay flat: largest / smallest over d %.2f for dL/dq, %.2f for dL/dW_Q (needs < 1.5)",
+                spread(dq_scaled), spread(dw_scaled));
+  check(spread(dq_scaled) < 1.5 && spread(dw_scaled) < 1.5, line);
   return ok ? 0 : 1;
 }
