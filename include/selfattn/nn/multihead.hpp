@@ -362,8 +362,8 @@ class MultiHeadAttention {
     f.output = Tensor<T, 3>({batch, q_len, config_.embed_dim});
     AttentionWorkspace<T> workspace;
     detail::StackedProjection<T> unused;  // T parameters: linear_into_stored runs linear_into
-    attend_and_project(parameters, forward_name, {projected->q.view(), projected->k.view(), projected->v.view()},
-                       f.options, f.attention.out.view(), f.attention.lse.view(),
+    attend_and_project(parameters, {projected->q.view(), projected->k.view(), projected->v.view()}, f.options,
+                       f.attention.out.view(), f.attention.lse.view(),
                        f.weights.data() ? f.weights.view() : TensorView<T, 4>(), f.merged.view(), f.output.view(),
                        workspace, unused);
     f.heads = std::move(projected);
@@ -399,8 +399,8 @@ class MultiHeadAttention {
     const std::array<TensorView<T, 4>, 3> qkv{split_heads(projections[0], config_.num_heads),
                                               split_heads(projections[1], config_.num_kv_heads),
                                               split_heads(projections[2], config_.num_kv_heads)};
-    attend_and_project(parameters, forward_into_name, qkv, ws.options, split_heads(merged, config_.num_heads), lse,
-                       TensorView<T, 4>(), merged, output, ws.attention, ws.output_weights);
+    attend_and_project(parameters, qkv, ws.options, split_heads(merged, config_.num_heads), lse, TensorView<T, 4>(),
+                       merged, output, ws.attention, ws.output_weights);
   }
 
   /// step and step_with: step into a new output, with a workspace of its own for the call.
@@ -606,11 +606,11 @@ class MultiHeadAttention {
   /// view), and project the output.
   /// Parameters stored as P: T, or 16 bits (the output projection's widened weights then go into `output_weights`).
   template <typename P>
-  void attend_and_project(const MhaParams<P>& parameters, [[maybe_unused]] const char* function,
-                          const std::array<TensorView<T, 4>, 3>& qkv, const AttentionOptions<T>& attention_opts,
-                          const TensorView<T, 4>& heads, const TensorView<T, 3>& lse, const TensorView<T, 4>& weights,
-                          const TensorView<T, 3>& merged, const TensorView<T, 3>& output,
-                          AttentionWorkspace<T>& workspace, detail::StackedProjection<T>& output_weights) const {
+  void attend_and_project(const MhaParams<P>& parameters, const std::array<TensorView<T, 4>, 3>& qkv,
+                          const AttentionOptions<T>& attention_opts, const TensorView<T, 4>& heads,
+                          const TensorView<T, 3>& lse, const TensorView<T, 4>& weights, const TensorView<T, 3>& merged,
+                          const TensorView<T, 3>& output, AttentionWorkspace<T>& workspace,
+                          detail::StackedProjection<T>& output_weights) const {
     const TensorView<T, 4>& q = qkv[0];
     const TensorView<T, 4>& k = qkv[1];
     const TensorView<T, 4>& v = qkv[2];
@@ -627,7 +627,6 @@ class MultiHeadAttention {
     detail::linear_into_stored<T, P>(merged, parameters.out_weight.view(), parameters.out_bias.view(), output,
                                      output_weights);
   }
-
 
   /// Rows [row, row + rows) of batch b of a (B, heads, L) or (B, heads, L, D) view: (1, heads, rows[, D]).
   template <typename U, int Rank>
