@@ -9,6 +9,7 @@
 #include <selfattn/errors.hpp>
 #include <selfattn/tensor.hpp>
 
+#include <array>
 #include <string>
 #include <type_traits>
 
@@ -106,5 +107,18 @@ Tensor<detail::float_scalar_of<X>, 3> average_heads(const X& weights) {
   }
   return mean;
 }
+
+namespace detail {
+
+/// Rows [row, row + rows) of batch b of a (B, heads, L) or (B, heads, L, D) view: (1, heads, rows[, D]).
+template <typename U, int Rank>
+TensorView<U, Rank> rows_of(const TensorView<U, Rank>& x, Index b, Index row, Index rows) {
+  std::array<Index, Rank> shape = x.shape();
+  shape[0] = 1;
+  shape[2] = rows;
+  return TensorView<U, Rank>(x.data() + b * x.stride(0) + row * x.stride(2), shape, x.strides());
+}
+
+}  // namespace detail
 
 }  // namespace selfattn

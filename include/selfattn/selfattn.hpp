@@ -34,6 +34,7 @@
 #include <selfattn/nn/kv_cache.hpp>
 #include <selfattn/nn/multihead.hpp>
 #include <selfattn/nn/norm.hpp>
+#include <selfattn/nn/transformer_decoder_layer.hpp>
 #include <selfattn/nn/transformer_layer.hpp>
 #include <selfattn/nn/transformer_stack.hpp>
 #include <selfattn/options.hpp>

@@ -13,6 +13,7 @@
 #include <selfattn/nn/module_workspace.hpp>
 #include <selfattn/nn/multihead.hpp>
 #include <selfattn/nn/norm.hpp>
+#include <selfattn/nn/transformer_decoder_layer.hpp>
 #include <selfattn/nn/transformer_layer.hpp>
 #include <selfattn/nn/transformer_stack.hpp>
 #include <selfattn/projection.hpp>
@@ -23,98 +24,90 @@
 
 /// \cond SELFATTN_INTERNAL
 // The explicit instantiations of one element type T, behind KEYWORD.
-#define SELFATTN_DETAIL_EXPLICIT_INSTANTIATIONS(KEYWORD, T)                                                         \
-  KEYWORD AttentionForward<T> detail::sdpa_forward_views<T>(const char*, const TensorView<const T, 4>&,            \
-                                                            const TensorView<const T, 4>&,                          \
-                                                            const TensorView<const T, 4>&, const AttentionOptions<T>&); \
-  KEYWORD void detail::sdpa_forward_into_views<T>(const char*, const TensorView<const T, 4>&,                      \
-                                                  const TensorView<const T, 4>&, const TensorView<const T, 4>&,    \
-                                                  const TensorView<T, 4>&, const TensorView<T, 3>&,                \
-                                                  const AttentionOptions<T>&);                                      \
-  KEYWORD void detail::sdpa_forward_into_views<T>(const char*, const TensorView<const T, 4>&,                      \
-                                                  const TensorView<const T, 4>&, const TensorView<const T, 4>&,    \
-                                                  const TensorView<T, 4>&, const TensorView<T, 3>&,                \
-                                                  const AttentionOptions<T>&, AttentionWorkspace<T>&);             \
-  KEYWORD void detail::sdpa_backward_into_views<T>(                                                                \
-      const char*, const TensorView<const T, 4>&, const TensorView<const T, 4>&, const TensorView<const T, 4>&,   \
-      const TensorView<const T, 4>&, const TensorView<const T, 3>&, const TensorView<const T, 4>&,                 \
-      const AttentionGradientViews<T>&, const AttentionOptions<T>&, AttentionWorkspace<T>&);                      \
-  KEYWORD AttentionGradients<T> detail::sdpa_backward_views<T>(                                                    \
-      const char*, const TensorView<const T, 4>&, const TensorView<const T, 4>&, const TensorView<const T, 4>&,   \
-      const TensorView<const T, 4>&, const TensorView<const T, 3>&, const TensorView<const T, 4>&,                 \
-      const AttentionOptions<T>&);                                                                                 \
-  KEYWORD Tensor<T, 4> detail::attention_weights_views<T>(const TensorView<const T, 4>&, const TensorView<const T, 4>&, \
-                                                         const AttentionOptions<T>&);                               \
-  KEYWORD void detail::run_forward<T>(const detail::AttentionParams<T>&, const AttentionOptions<T>&,               \
-                                      const detail::ForwardOutputs<T>&);                                          \
-  KEYWORD void detail::run_forward<T>(const detail::AttentionParams<T>&, const AttentionOptions<T>&,               \
-                                      const detail::ForwardOutputs<T>&, AttentionWorkspace<T>&);                  \
-  KEYWORD void detail::reference_forward<T>(const detail::AttentionParams<T>&, const detail::ForwardOutputs<T>&);  \
-  KEYWORD void detail::reference_backward<T>(const detail::AttentionParams<T>&, const detail::BackwardTensors<T>&); \
-  KEYWORD void detail::fused_forward<T>(const detail::AttentionParams<T>&, const detail::ForwardOutputs<T>&,         \
-                                        detail::FusedForwardScratch<T>&);                                          \
-  KEYWORD void detail::fused_forward<T>(const detail::AttentionParams<T>&, const detail::ForwardOutputs<T>&);        \
-  KEYWORD void detail::fused_backward<T>(const detail::AttentionParams<T>&, const detail::BackwardTensors<T>&,       \
-                                         detail::FusedBackwardScratch<T>&);                                        \
-  KEYWORD void detail::fused_backward<T>(const detail::AttentionParams<T>&, const detail::BackwardTensors<T>&);      \
-  KEYWORD void detail::decode_forward<T>(const detail::AttentionParams<T>&, const detail::ForwardOutputs<T>&,        \
-                                         detail::DecodePath, detail::DecodeScratch<T>&);                           \
-  KEYWORD void detail::decode_forward<T>(const detail::AttentionParams<T>&, const detail::ForwardOutputs<T>&,        \
-                                         detail::DecodePath);                                                      \
-  KEYWORD void detail::decode_forward<T>(const detail::AttentionParams<T>&, const detail::ForwardOutputs<T>&,        \
-                                         detail::DecodeScratch<T>&);                                               \
-  KEYWORD void detail::decode_forward<T>(const detail::AttentionParams<T>&, const detail::ForwardOutputs<T>&);       \
-  KEYWORD void detail::linear_into<T>(const TensorView<const T, 3>&, const TensorView<const T, 2>&,                \
-                                      const TensorView<const T, 1>&, const TensorView<T, 3>&);                     \
-  KEYWORD void detail::linear_into_stored<T, T>(const TensorView<const T, 3>&, const TensorView<const T, 2>&,     \
-                                               const TensorView<const T, 1>&, const TensorView<T, 3>&,            \
-                                               detail::StackedProjection<T>&);                                    \
-  KEYWORD Tensor<T, 3> detail::fused_qkv_projection<T>(const TensorView<const T, 3>&,                              \
-                                                       const std::array<TensorView<const T, 2>, 3>&,              \
-                                                       const std::array<TensorView<const T, 1>, 3>&);             \
-  KEYWORD void detail::fused_qkv_projection_into<T, T>(const TensorView<const T, 3>&,                            \
-                                                        const std::array<TensorView<const T, 2>, 3>&,             \
-                                                        const std::array<TensorView<const T, 1>, 3>&,             \
-                                                        const TensorView<T, 3>&, detail::StackedProjection<T>&);  \
-  KEYWORD LinearGradients<T> linear_backward<T>(const TensorView<const T, 3>&, const TensorView<const T, 2>&,      \
-                                                const TensorView<const T, 3>&, bool);                              \
-  KEYWORD class MultiHeadAttention<T>;                                                                             \
-  KEYWORD void MultiHeadAttention<T>::checked_step<T, T, T>(const MhaParams<T>&, const char*,                     \
-                                                             const TensorView<const T, 3>&, KVCache<T, T>&,        \
-                                                             const TensorView<T, 3>&, MhaWorkspace<T>&,            \
-                                                             const AttentionOptions<T>&,                           \
-                                                             const std::vector<Index>&) const;                     \
-  KEYWORD void MultiHeadAttention<T>::step_walk<T, T>(const MhaParams<T>&, const TensorView<const T, 3>&,          \
-                                                      KVCache<T, T>&, const AttentionOptions<T>&,                 \
-                                                      const TensorView<T, 3>&, MhaWorkspace<T>&) const;           \
-  KEYWORD void MultiHeadAttention<T>::forward_into_walk<T>(const MhaParams<T>&, const TensorView<const T, 3>&,    \
-                                                           const TensorView<const T, 3>&,                           \
-                                                           const TensorView<const T, 3>&, const TensorView<T, 3>&,  \
-                                                           MhaWorkspace<T>&, const AttentionOptions<T>&) const;    \
+#define SELFATTN_DETAIL_EXPLICIT_INSTANTIATIONS(KEYWORD, T)                                                            \
+  KEYWORD AttentionForward<T> detail::sdpa_forward_views<T>(                                                           \
+      const char*, const TensorView<const T, 4>&, const TensorView<const T, 4>&, const TensorView<const T, 4>&,        \
+      const AttentionOptions<T>&);                                                                                     \
+  KEYWORD void detail::sdpa_forward_into_views<T>(                                                                     \
+      const char*, const TensorView<const T, 4>&, const TensorView<const T, 4>&, const TensorView<const T, 4>&,        \
+      const TensorView<T, 4>&, const TensorView<T, 3>&, const AttentionOptions<T>&);                                   \
+  KEYWORD void detail::sdpa_forward_into_views<T>(                                                                     \
+      const char*, const TensorView<const T, 4>&, const TensorView<const T, 4>&, const TensorView<const T, 4>&,        \
+      const TensorView<T, 4>&, const TensorView<T, 3>&, const AttentionOptions<T>&, AttentionWorkspace<T>&);           \
+  KEYWORD void detail::sdpa_backward_into_views<T>(                                                                    \
+      const char*, const TensorView<const T, 4>&, const TensorView<const T, 4>&, const TensorView<const T, 4>&,        \
+      const TensorView<const T, 4>&, const TensorView<const T, 3>&, const TensorView<const T, 4>&,                     \
+      const AttentionGradientViews<T>&, const AttentionOptions<T>&, AttentionWorkspace<T>&);                           \
+  KEYWORD AttentionGradients<T> detail::sdpa_backward_views<T>(                                                        \
+      const char*, const TensorView<const T, 4>&, const TensorView<const T, 4>&, const TensorView<const T, 4>&,        \
+      const TensorView<const T, 4>&, const TensorView<const T, 3>&, const TensorView<const T, 4>&,                     \
+      const AttentionOptions<T>&);                                                                                     \
+  KEYWORD Tensor<T, 4> detail::attention_weights_views<T>(const TensorView<const T, 4>&,                               \
+                                                          const TensorView<const T, 4>&, const AttentionOptions<T>&);  \
+  KEYWORD void detail::run_forward<T>(const detail::AttentionParams<T>&, const AttentionOptions<T>&,                   \
+                                      const detail::ForwardOutputs<T>&);                                               \
+  KEYWORD void detail::run_forward<T>(const detail::AttentionParams<T>&, const AttentionOptions<T>&,                   \
+                                      const detail::ForwardOutputs<T>&, AttentionWorkspace<T>&);                       \
+  KEYWORD void detail::reference_forward<T>(const detail::AttentionParams<T>&, const detail::ForwardOutputs<T>&);      \
+  KEYWORD void detail::reference_backward<T>(const detail::AttentionParams<T>&, const detail::BackwardTensors<T>&);    \
+  KEYWORD void detail::fused_forward<T>(const detail::AttentionParams<T>&, const detail::ForwardOutputs<T>&,           \
+                                        detail::FusedForwardScratch<T>&);                                              \
+  KEYWORD void detail::fused_forward<T>(const detail::AttentionParams<T>&, const detail::ForwardOutputs<T>&);          \
+  KEYWORD void detail::fused_backward<T>(const detail::AttentionParams<T>&, const detail::BackwardTensors<T>&,         \
+                                         detail::FusedBackwardScratch<T>&);                                            \
+  KEYWORD void detail::fused_backward<T>(const detail::AttentionParams<T>&, const detail::BackwardTensors<T>&);        \
+  KEYWORD void detail::decode_forward<T>(const detail::AttentionParams<T>&, const detail::ForwardOutputs<T>&,          \
+                                         detail::DecodePath, detail::DecodeScratch<T>&);                               \
+  KEYWORD void detail::decode_forward<T>(const detail::AttentionParams<T>&, const detail::ForwardOutputs<T>&,          \
+                                         detail::DecodePath);                                                          \
+  KEYWORD void detail::decode_forward<T>(const detail::AttentionParams<T>&, const detail::ForwardOutputs<T>&,          \
+                                         detail::DecodeScratch<T>&);                                                   \
+  KEYWORD void detail::decode_forward<T>(const detail::AttentionParams<T>&, const detail::ForwardOutputs<T>&);         \
+  KEYWORD void detail::linear_into<T>(const TensorView<const T, 3>&, const TensorView<const T, 2>&,                    \
+                                      const TensorView<const T, 1>&, const TensorView<T, 3>&);                         \
+  KEYWORD void detail::linear_into_stored<T, T>(const TensorView<const T, 3>&, const TensorView<const T, 2>&,          \
+                                                const TensorView<const T, 1>&, const TensorView<T, 3>&,                \
+                                                detail::StackedProjection<T>&);                                        \
+  KEYWORD Tensor<T, 3> detail::fused_qkv_projection<T>(const TensorView<const T, 3>&,                                  \
+                                                       const std::array<TensorView<const T, 2>, 3>&,                   \
+                                                       const std::array<TensorView<const T, 1>, 3>&);                  \
+  KEYWORD void detail::fused_qkv_projection_into<T, T>(                                                                \
+      const TensorView<const T, 3>&, const std::array<TensorView<const T, 2>, 3>&,                                     \
+      const std::array<TensorView<const T, 1>, 3>&, const TensorView<T, 3>&, detail::StackedProjection<T>&);           \
+  KEYWORD LinearGradients<T> linear_backward<T>(const TensorView<const T, 3>&, const TensorView<const T, 2>&,          \
+                                                const TensorView<const T, 3>&, bool);                                  \
+  KEYWORD class MultiHeadAttention<T>;                                                                                 \
+  KEYWORD void MultiHeadAttention<T>::checked_step<T, T, T>(                                                           \
+      const MhaParams<T>&, const char*, const TensorView<const T, 3>&, KVCache<T, T>&, const TensorView<T, 3>&,        \
+      MhaWorkspace<T>&, const AttentionOptions<T>&, const std::vector<Index>&) const;                                  \
+  KEYWORD void MultiHeadAttention<T>::step_walk<T, T>(const MhaParams<T>&, const TensorView<const T, 3>&,              \
+                                                      KVCache<T, T>&, const AttentionOptions<T>&,                      \
+                                                      const TensorView<T, 3>&, MhaWorkspace<T>&) const;                \
+  KEYWORD void MultiHeadAttention<T>::forward_into_walk<T>(                                                            \
+      const MhaParams<T>&, const TensorView<const T, 3>&, const TensorView<const T, 3>&,                               \
+      const TensorView<const T, 3>&, const TensorView<T, 3>&, MhaWorkspace<T>&, const AttentionOptions<T>&) const;     \
   KEYWORD void detail::norm_forward_into<T>(NormKind, T, const TensorView<const T, 3>&, const TensorView<const T, 1>&, \
-                                            const TensorView<const T, 1>&, const TensorView<T, 3>&,               \
-                                            detail::NormStatistics<T>&);                                           \
-  KEYWORD void detail::norm_backward_into<T>(NormKind, const TensorView<const T, 3>&, const detail::NormStatistics<T>&, \
-                                             const TensorView<const T, 1>&, const TensorView<const T, 3>&,       \
-                                             const TensorView<T, 3>&, const TensorView<T, 1>&,                   \
-                                             const TensorView<T, 1>&);                                             \
-  KEYWORD void detail::activation_forward<T>(Activation, const TensorView<const T, 3>&, const TensorView<T, 3>&);  \
-  KEYWORD void detail::activation_backward<T>(Activation, const TensorView<const T, 3>&, const TensorView<const T, 3>&, \
-                                              const TensorView<T, 3>&);                                           \
-  KEYWORD void detail::feed_forward_forward<T>(Activation, T, std::uint64_t, const TensorView<const T, 3>&,        \
-                                               const detail::FeedForwardWeights<T>&, detail::FeedForwardSaved<T>&, \
-                                               const TensorView<T, 3>&);                                           \
-  KEYWORD Tensor<T, 3> detail::feed_forward_backward<T>(Activation, T, std::uint64_t, const TensorView<const T, 3>&, \
-                                                        const detail::FeedForwardWeights<T>&,                     \
-                                                        const detail::FeedForwardSaved<T>&,                       \
-                                                        const TensorView<const T, 3>&, bool, FeedForwardParams<T>&); \
-  KEYWORD class detail::Normalization<T>;                                                                          \
-  KEYWORD class FeedForward<T>;                                                                                    \
-  KEYWORD class TransformerLayer<T>;                                                                               \
-  KEYWORD Tensor<T, 3> TransformerLayer<T>::run_step<T, T>(const TransformerLayerParams<T>&,                     \
-                                                           const TensorView<const T, 3>&, KVCache<T, T>&,          \
-                                                           const AttentionOptions<T>&,                             \
-                                                           const std::vector<Index>&) const;                       \
+                                            const TensorView<const T, 1>&, const TensorView<T, 3>&,                    \
+                                            detail::NormStatistics<T>&);                                               \
+  KEYWORD void detail::norm_backward_into<T>(                                                                          \
+      NormKind, const TensorView<const T, 3>&, const detail::NormStatistics<T>&, const TensorView<const T, 1>&,        \
+      const TensorView<const T, 3>&, const TensorView<T, 3>&, const TensorView<T, 1>&, const TensorView<T, 1>&);       \
+  KEYWORD void detail::activation_forward<T>(Activation, const TensorView<const T, 3>&, const TensorView<T, 3>&);      \
+  KEYWORD void detail::activation_backward<T>(Activation, const TensorView<const T, 3>&,                               \
+                                              const TensorView<const T, 3>&, const TensorView<T, 3>&);                 \
+  KEYWORD void detail::feed_forward_forward<T>(Activation, T, std::uint64_t, const TensorView<const T, 3>&,            \
+                                               const detail::FeedForwardWeights<T>&, detail::FeedForwardSaved<T>&,     \
+                                               const TensorView<T, 3>&);                                               \
+  KEYWORD Tensor<T, 3> detail::feed_forward_backward<T>(                                                               \
+      Activation, T, std::uint64_t, const TensorView<const T, 3>&, const detail::FeedForwardWeights<T>&,               \
+      const detail::FeedForwardSaved<T>&, const TensorView<const T, 3>&, bool, FeedForwardParams<T>&);                 \
+  KEYWORD class detail::Normalization<T>;                                                                              \
+  KEYWORD class FeedForward<T>;                                                                                        \
+  KEYWORD class TransformerLayer<T>;                                                                                   \
+  KEYWORD Tensor<T, 3> TransformerLayer<T>::run_step<T, T>(                                                            \
+      const TransformerLayerParams<T>&, const TensorView<const T, 3>&, KVCache<T, T>&, const AttentionOptions<T>&,     \
+      const std::vector<Index>&) const;                                                                                \
+  KEYWORD class TransformerDecoderLayer<T>;                                                                            \
   KEYWORD class TransformerStack<T>
 
 // The kernels on 16-bit storage (S = bfloat16, float16; computed in float): the forward on 16-bit q, k, v, the

@@ -1,23 +1,28 @@
 /// \file
-/// PyTorch state dicts of nn.TransformerEncoderLayer and nn.TransformerEncoder mapped to and from
-/// TransformerLayerParams and TransformerStackParams, so a PyTorch layer or encoder loads as it is.
+/// PyTorch state dicts of nn.TransformerEncoderLayer, nn.TransformerEncoder and nn.TransformerDecoderLayer mapped to
+/// and from TransformerLayerParams, TransformerStackParams and TransformerDecoderLayerParams, so a PyTorch layer or
+/// encoder loads as it is.
 ///
 /// The names of a layer (under a prefix), with E = embed_dim, F = ffn_dim (Fz = 2F for SwiGLU):
 ///
 ///     self_attn.in_proj_weight ... self_attn.out_proj.bias    the attention (io/state_dict.hpp)
+///     multihead_attn.in_proj_weight ...                       a decoder layer's cross-attention
 ///     linear1.weight  (Fz, E)      linear1.bias  (Fz)         when cfg.bias
 ///     linear2.weight  (E, F)       linear2.bias  (E)          when cfg.bias
 ///     norm1.weight    (E)          norm1.bias    (E)          bias when cfg.bias and LayerNorm
 ///     norm2.weight    (E)          norm2.bias    (E)
+///     norm3.weight    (E)          norm3.bias    (E)          a decoder layer's
 ///
-/// and of a stack: `layers.i.` + a layer's names for i = 0 .. N-1 (`layers.0.linear1.weight`), then `norm.weight`, `norm.bias` (the final norm).
-/// Loading is strict, like `load_state_dict(strict=True)`: every key under the prefix must be one of these.
+/// and of a stack: `layers.i.` + a layer's names for i = 0 .. N-1 (`layers.0.linear1.weight`), then `norm.weight`,
+/// `norm.bias` (the final norm). Loading is strict, like `load_state_dict(strict=True)`: every key under the prefix
+/// must be one of these.
 #pragma once
 
 #include <selfattn/errors.hpp>
 #include <selfattn/io/npy.hpp>
 #include <selfattn/io/state_dict.hpp>
 #include <selfattn/nn/activation.hpp>
+#include <selfattn/nn/transformer_decoder_layer.hpp>
 #include <selfattn/nn/transformer_layer.hpp>
 #include <selfattn/nn/transformer_stack.hpp>
 #include <selfattn/tensor.hpp>
@@ -40,22 +45,34 @@ struct LayerStateDictEntry {
   bool present;
 };
 
-inline std::vector<LayerStateDictEntry> layer_state_dict_entries(const TransformerLayerConfig& c) {
+/// The FFN's and the norms' entries of a layer with `norms` norms (2 in an encoder layer, 3 in a decoder layer).
+template <typename Config>
+std::vector<LayerStateDictEntry> layer_state_dict_entries(const Config& c) {
   const Index e = c.attention.embed_dim, f = c.ffn_dim, fz = activation_input_width(c.activation, f);
   const bool norm_bias = c.bias && c.norm == NormKind::layer_norm;
-  return {{"linear1.weight", {fz, e}, true}, {"linear1.bias", {fz}, c.bias},      {"linear2.weight", {e, f}, true},
-          {"linear2.bias", {e}, c.bias},     {"norm1.weight", {e}, true},         {"norm1.bias", {e}, norm_bias},
-          {"norm2.weight", {e}, true},       {"norm2.bias", {e}, norm_bias}};
+  std::vector<LayerStateDictEntry> entries = {{"linear1.weight", {fz, e}, true}, {"linear1.bias", {fz}, c.bias},
+                                              {"linear2.weight", {e, f}, true},  {"linear2.bias", {e}, c.bias},
+                                              {"norm1.weight", {e}, true},       {"norm1.bias", {e}, norm_bias},
+                                              {"norm2.weight", {e}, true},       {"norm2.bias", {e}, norm_bias}};
+  if constexpr (std::is_same_v<Config, TransformerDecoderLayerConfig>) {
+    entries.push_back({"norm3.weight", {e}, true});
+    entries.push_back({"norm3.bias", {e}, norm_bias});
+  }
+  return entries;
 }
 
 /// The layer's tensors in the order of layer_state_dict_entries.
 template <typename P>
 auto layer_tensors(P& p) {
-  return std::make_tuple(&p.linear1_weight, &p.linear1_bias, &p.linear2_weight, &p.linear2_bias, &p.norm1_weight,
-                         &p.norm1_bias, &p.norm2_weight, &p.norm2_bias);
+  auto encoder = std::make_tuple(&p.linear1_weight, &p.linear1_bias, &p.linear2_weight, &p.linear2_bias,
+                                 &p.norm1_weight, &p.norm1_bias, &p.norm2_weight, &p.norm2_bias);
+  if constexpr (is_decoder_params<std::remove_const_t<P>>)
+    return std::tuple_cat(encoder, std::make_tuple(&p.norm3_weight, &p.norm3_bias));
+  else
+    return encoder;
 }
 
-/// Calls f(index, tensor pointer) for the layer's eight tensors, in entry order.
+/// Calls f(index, tensor pointer) for the layer's tensors, in entry order.
 template <typename P, typename F>
 void for_each_layer_tensor(P& p, F&& f) {
   std::apply([&](auto*... tensors) {
@@ -64,33 +81,70 @@ void for_each_layer_tensor(P& p, F&& f) {
   }, layer_tensors(p));
 }
 
-/// Every key under `prefix` must be `self_attn.*` or one of the layer's own names.
-template <typename T>
+/// The attentions of a layer: their key prefixes, configurations and parameters.
+template <typename P>
+struct LayerAttention {
+  const char* prefix;
+  MultiHeadAttentionConfig config;
+  P* params;
+};
+template <typename P>
+std::vector<LayerAttention<MhaParams<P>>> layer_attentions(const TransformerLayerConfig& c,
+                                                           TransformerLayerParams<P>& p) {
+  return {{"self_attn.", c.attention, &p.self_attn}};
+}
+template <typename P>
+std::vector<LayerAttention<const MhaParams<P>>> layer_attentions(const TransformerLayerConfig& c,
+                                                                 const TransformerLayerParams<P>& p) {
+  return {{"self_attn.", c.attention, &p.self_attn}};
+}
+template <typename P>
+std::vector<LayerAttention<MhaParams<P>>> layer_attentions(const TransformerDecoderLayerConfig& c,
+                                                           TransformerDecoderLayerParams<P>& p) {
+  return {{"self_attn.", c.attention, &p.self_attn},
+          {"multihead_attn.", decoder_cross_attention_config(c), &p.multihead_attn}};
+}
+template <typename P>
+std::vector<LayerAttention<const MhaParams<P>>> layer_attentions(const TransformerDecoderLayerConfig& c,
+                                                                 const TransformerDecoderLayerParams<P>& p) {
+  return {{"self_attn.", c.attention, &p.self_attn},
+          {"multihead_attn.", decoder_cross_attention_config(c), &p.multihead_attn}};
+}
+
+/// Every key under `prefix` must be an attention's (`self_attn.*`, a decoder's `multihead_attn.*`) or one of the
+/// layer's own names.
+template <typename T, typename Config>
 void check_layer_keys(const char* fn, const StateDict<T>& sd, const std::string& prefix,
                       const std::vector<LayerStateDictEntry>& entries) {
+  constexpr bool decoder = std::is_same_v<Config, TransformerDecoderLayerConfig>;
   for (const auto& entry : sd) {
     if (!has_prefix(entry.first, prefix)) continue;
     const std::string rest = entry.first.substr(prefix.size());
-    if (has_prefix(rest, "self_attn.")) continue;  // checked by mha_params_from_state_dict
+    // an attention's keys are checked by mha_params_from_state_dict
+    if (has_prefix(rest, "self_attn.") || (decoder && has_prefix(rest, "multihead_attn."))) continue;
     const bool known = std::any_of(entries.begin(), entries.end(), [&](const LayerStateDictEntry& e) {
       return e.present && rest == e.name;
     });
     if (!known) {
       const bool absent = std::any_of(entries.begin(), entries.end(), [&](const LayerStateDictEntry& e) { return rest == e.name; });
       throw_invalid(fn, entry.first,
-                    absent ? "present, but the configuration has no such parameter (cfg.bias false, or RMSNorm)"
-                           : "unexpected key (not a parameter of nn.TransformerEncoderLayer)");
+                    absent    ? "present, but the configuration has no such parameter (cfg.bias false, or RMSNorm)"
+                    : decoder ? "unexpected key (not a parameter of nn.TransformerDecoderLayer)"
+                              : "unexpected key (not a parameter of nn.TransformerEncoderLayer)");
     }
   }
 }
 
-template <typename T>
-TransformerLayerParams<T> layer_params_from_state_dict(const char* fn, const StateDict<T>& sd,
-                                                       const TransformerLayerConfig& cfg, const std::string& prefix) {
+template <typename T, typename Config>
+auto layer_params_from_state_dict(const char* fn, const StateDict<T>& sd, const Config& cfg,
+                                  const std::string& prefix) {
   const std::vector<LayerStateDictEntry> entries = layer_state_dict_entries(cfg);
-  check_layer_keys(fn, sd, prefix, entries);
-  TransformerLayerParams<T> p;
-  p.self_attn = mha_params_from_state_dict(sd, cfg.attention, prefix + "self_attn.");
+  check_layer_keys<T, Config>(fn, sd, prefix, entries);
+  std::conditional_t<std::is_same_v<Config, TransformerDecoderLayerConfig>, TransformerDecoderLayerParams<T>,
+                     TransformerLayerParams<T>>
+      p;
+  for (const LayerAttention<MhaParams<T>>& a : layer_attentions(cfg, p))
+    *a.params = mha_params_from_state_dict(sd, a.config, prefix + a.prefix);
   for_each_layer_tensor(p, [&](std::size_t n, auto* tensor) {
     const LayerStateDictEntry& e = entries[n];
     if (!e.present) return;
@@ -101,10 +155,11 @@ TransformerLayerParams<T> layer_params_from_state_dict(const char* fn, const Sta
   return p;
 }
 
-template <typename T>
-void add_layer_state_dict(const char* fn, StateDict<T>& sd, const TransformerLayerParams<T>& p,
-                          const TransformerLayerConfig& cfg, const std::string& prefix) {
-  for (auto& entry : mha_state_dict(p.self_attn, cfg.attention, prefix + "self_attn.")) sd.insert(std::move(entry));
+template <typename T, typename Params, typename Config>
+void add_layer_state_dict(const char* fn, StateDict<T>& sd, const Params& p, const Config& cfg,
+                          const std::string& prefix) {
+  for (const LayerAttention<const MhaParams<T>>& a : layer_attentions(cfg, p))
+    for (auto& entry : mha_state_dict(*a.params, a.config, prefix + a.prefix)) sd.insert(std::move(entry));
   const std::vector<LayerStateDictEntry> entries = layer_state_dict_entries(cfg);
   for_each_layer_tensor(p, [&](std::size_t n, const auto* tensor) {
     const LayerStateDictEntry& e = entries[n];
@@ -219,6 +274,34 @@ StateDict<T> transformer_stack_state_dict(const TransformerStackParams<T>& p, co
   detail::check_shape<1>(fn, "params.norm_bias", p.norm_bias.shape(), {norm_bias ? e : 0});
   if (cfg.final_norm) sd[prefix + "norm.weight"] = detail::state_dict_array(p.norm_weight);
   if (norm_bias) sd[prefix + "norm.bias"] = detail::state_dict_array(p.norm_bias);
+  return sd;
+}
+
+/// \brief Maps the state dict of a PyTorch nn.TransformerDecoderLayer (keys under `prefix`) to
+/// TransformerDecoderLayerParams: self_attn.*, multihead_attn.*, linear1/linear2 and norm1..norm3 (the file comment).
+/// Strict, with the errors of transformer_layer_params_from_state_dict.
+/// \code
+/// decoder.params() = transformer_decoder_layer_params_from_state_dict(sd, decoder.config(), "layers.0.");
+/// \endcode
+template <typename T>
+TransformerDecoderLayerParams<T> transformer_decoder_layer_params_from_state_dict(
+    const StateDict<T>& sd, const TransformerDecoderLayerConfig& cfg, const std::string& prefix = "") {
+  return detail::layer_params_from_state_dict("transformer_decoder_layer_params_from_state_dict", sd, cfg, prefix);
+}
+
+/// \brief Loads a state dict into a decoder layer; on error the layer is unchanged.
+template <typename T>
+void load_state_dict(TransformerDecoderLayer<T>& layer, const StateDict<T>& sd, const std::string& prefix = "") {
+  layer.params() = transformer_decoder_layer_params_from_state_dict(sd, layer.config(), prefix);
+}
+
+/// \brief The inverse mapping: a decoder layer's parameters (or gradients) under PyTorch's names.
+template <typename T>
+StateDict<T> transformer_decoder_layer_state_dict(const TransformerDecoderLayerParams<T>& p,
+                                                  const TransformerDecoderLayerConfig& cfg,
+                                                  const std::string& prefix = "") {
+  StateDict<T> sd;
+  detail::add_layer_state_dict("transformer_decoder_layer_state_dict", sd, p, cfg, prefix);
   return sd;
 }
 

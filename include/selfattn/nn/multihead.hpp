@@ -18,6 +18,7 @@
 #include <selfattn/nn/module_input.hpp>
 #include <selfattn/nn/module_workspace.hpp>
 #include <selfattn/nn/multihead_checks.hpp>
+#include <selfattn/nn/multihead_projections.hpp>
 #include <selfattn/nn/multihead_types.hpp>
 #include <selfattn/nn/widened_activations.hpp>
 #include <selfattn/options.hpp>
@@ -35,7 +36,6 @@
 #include <vector>
 
 namespace selfattn {
-
 
 /// \brief Multi-head attention, PyTorch's nn.MultiheadAttention (batch_first) plus grouped-query heads,
 /// RoPE and ALiBi.
@@ -94,11 +94,18 @@ class MultiHeadAttention {
   /// \endcode
   template <typename Q, typename K, typename V>
   MhaForward<T> forward(Q&& query, K&& key, V&& value, const AttentionOptions<T>& opts = {}) const {
+    return forward_with(params_, std::forward<Q>(query), std::forward<K>(key), std::forward<V>(value), opts);
+  }
+
+  /// forward(query, key, value, opts) with `parameters` in place of params() (see forward_with(parameters, x)).
+  template <typename Q, typename K, typename V>
+  MhaForward<T> forward_with(const MhaParams<T>& parameters, Q&& query, K&& key, V&& value,
+                             const AttentionOptions<T>& opts = {}) const {
     if constexpr (detail::check_module_arguments<T, Q, K, V>()) {
       detail::SavedInput<T> q = detail::save_input<T>(std::forward<Q>(query));
       detail::SavedInput<T> k = detail::save_input<T>(std::forward<K>(key));
       detail::SavedInput<T> v = detail::save_input<T>(std::forward<V>(value));
-      MhaForward<T> f = forward_walk(params_, q.view, k.view, v.view, opts);
+      MhaForward<T> f = forward_walk(parameters, q.view, k.view, v.view, opts);
       f.kept = {std::move(q.owned), std::move(k.owned), std::move(v.owned)};
       return f;
     } else {
@@ -332,6 +339,53 @@ class MultiHeadAttention {
     }
   }
 
+  /// \brief A fixed memory's keys and values, projected and split into heads once for attend_memory (a decoder
+  /// projects an encoder's output once per source, not once per step): key (B, Lk, kdim), value (B, Lk, vdim) ->
+  /// (B, Hkv, Lk, Dh) each. ShapeError naming the argument; std::invalid_argument naming cfg.rope_dim or cfg.alibi
+  /// on a module with positions (a memory's keys have none relative to the rows of a step).
+  /// \code
+  /// MemoryKeysValues<float> memory = cross.project_memory(encoded, encoded);   // once per source
+  /// Tensor<float, 3> y = cross.attend_memory(rows, memory);                    // at every step
+  /// \endcode
+  template <typename K, typename V>
+  MemoryKeysValues<T> project_memory(const K& key, const V& value) const {
+    return project_memory_with(params_, key, value);
+  }
+
+  /// \brief Inference cross-attention of query (B, Lq, E) over a memory from project_memory: forward(query, key,
+  /// value, opts).output on the memory's key and value, without projecting them again. Masks in opts as forward's,
+  /// Lk the memory's length; no dropout and no weights (std::invalid_argument naming opts.dropout_p or
+  /// opts.need_weights otherwise), ShapeError naming `query` or `memory.keys` / `memory.values`.
+  template <typename X>
+  Tensor<T, 3> attend_memory(const X& query, const MemoryKeysValues<T>& memory,
+                             const AttentionOptions<T>& opts = {}) const {
+    return attend_memory_with(params_, query, memory, opts);
+  }
+
+  /// project_memory(key, value) with `parameters` in place of params().
+  template <typename K, typename V>
+  MemoryKeysValues<T> project_memory_with(const MhaParams<T>& parameters, const K& key, const V& value) const {
+    if constexpr (detail::check_module_arguments<T, K, V>()) {
+      const TensorView<const T, 3> k = detail::const_view(key), v = detail::const_view(value);
+      detail::check_mha_project_memory(config_, parameters, k, v, project_memory_name);
+      return detail::project_memory(config_, parameters, k, v);
+    } else {
+      return {};
+    }
+  }
+
+  /// attend_memory(query, memory, opts) with `parameters` in place of params().
+  template <typename X>
+  Tensor<T, 3> attend_memory_with(const MhaParams<T>& parameters, const X& query, const MemoryKeysValues<T>& memory,
+                                  const AttentionOptions<T>& opts = {}) const {
+    if constexpr (detail::check_module_arguments<T, X>()) {
+      const TensorView<const T, 3> q = detail::const_view(query);
+      detail::check_mha_attend_memory(config_, parameters, q, memory, opts, attend_memory_name);
+      return attend_memory_walk(parameters, q, memory, opts);
+    } else {
+      return {};
+    }
+  }
 
  private:
   static constexpr const char* forward_name = "MultiHeadAttention::forward";
@@ -339,6 +393,8 @@ class MultiHeadAttention {
   static constexpr const char* forward_into_name = "MultiHeadAttention::forward_into";
   static constexpr const char* step_name = "MultiHeadAttention::step";
   static constexpr const char* step_into_name = "MultiHeadAttention::step_into";
+  static constexpr const char* project_memory_name = "MultiHeadAttention::project_memory";
+  static constexpr const char* attend_memory_name = "MultiHeadAttention::attend_memory";
 
   // --- The walks. Each entry checks its arguments once (multihead_checks.hpp), then walks; 16-bit activations walk
   // in float on widened copies (widened_activations.hpp).
@@ -352,7 +408,8 @@ class MultiHeadAttention {
     f.query = query;
     f.key = key;
     f.value = value;
-    auto projected = std::make_shared<detail::ProjectedHeads<T>>(project_heads(parameters, query, key, value));
+    auto projected =
+        std::make_shared<detail::ProjectedHeads<T>>(detail::project_heads(config_, parameters, query, key, value));
     forward_options(opts, f.options);
     const Index batch = query.dim(0), q_len = query.dim(1), heads = config_.num_heads;
     f.attention.out = Tensor<T, 4>({batch, heads, q_len, head_dim_});
@@ -362,6 +419,7 @@ class MultiHeadAttention {
     f.output = Tensor<T, 3>({batch, q_len, config_.embed_dim});
     AttentionWorkspace<T> workspace;
     detail::StackedProjection<T> unused;  // T parameters: linear_into_stored runs linear_into
+    rotate(projected->q.view(), projected->k.view());
     attend_and_project(parameters, {projected->q.view(), projected->k.view(), projected->v.view()}, f.options,
                        f.attention.out.view(), f.attention.lse.view(),
                        f.weights.data() ? f.weights.view() : TensorView<T, 4>(), f.merged.view(), f.output.view(),
@@ -375,32 +433,18 @@ class MultiHeadAttention {
   void forward_into_walk(const MhaParams<P>& parameters, const TensorView<const T, 3>& query,
                          const TensorView<const T, 3>& key, const TensorView<const T, 3>& value,
                          const TensorView<T, 3>& output, MhaWorkspace<T>& ws, const AttentionOptions<T>& opts) const {
-    const Index batch = query.dim(0), q_len = query.dim(1), k_len = key.dim(1), e = config_.embed_dim;
+    const Index batch = query.dim(0), q_len = query.dim(1), e = config_.embed_dim;
     forward_options(opts, ws.options);
-    std::array<TensorView<T, 3>, 3> projections;
-    if (is_self_attention(query, key, value)) {
-      const TensorView<T, 3> qkv = MhaWorkspace<T>::take(ws.projection, std::array<Index, 3>{batch, q_len, projection_width()});
-      projections = project_self_into(parameters, query, qkv, ws.stacked);
-    } else {  // three contiguous blocks of one buffer
-      const Index kv = config_.num_kv_heads * head_dim_;
-      T* base = MhaWorkspace<T>::take(ws.projection, std::array<Index, 1>{batch * (q_len * e + 2 * k_len * kv)}).data();
-      projections = {TensorView<T, 3>(base, {batch, q_len, e}),
-                     TensorView<T, 3>(base + batch * q_len * e, {batch, k_len, kv}),
-                     TensorView<T, 3>(base + batch * (q_len * e + k_len * kv), {batch, k_len, kv})};
-      detail::linear_into_stored<T, P>(query, parameters.q_weight.view(), parameters.q_bias.view(), projections[0],
-                                       ws.stacked);
-      detail::linear_into_stored<T, P>(key, parameters.k_weight.view(), parameters.k_bias.view(), projections[1],
-                                       ws.key_weights);
-      detail::linear_into_stored<T, P>(value, parameters.v_weight.view(), parameters.v_bias.view(), projections[2],
-                                       ws.value_weights);
-    }
+    const std::array<TensorView<T, 3>, 3> projections =
+        detail::project_into(config_, parameters, query, key, value, ws);
     const TensorView<T, 3> merged = MhaWorkspace<T>::take(ws.merged, std::array<Index, 3>{batch, q_len, e});
     const TensorView<T, 3> lse = MhaWorkspace<T>::take(ws.lse, std::array<Index, 3>{batch, config_.num_heads, q_len});
     const std::array<TensorView<T, 4>, 3> qkv{split_heads(projections[0], config_.num_heads),
                                               split_heads(projections[1], config_.num_kv_heads),
                                               split_heads(projections[2], config_.num_kv_heads)};
-    attend_and_project(parameters, qkv, ws.options, split_heads(merged, config_.num_heads), lse, TensorView<T, 4>(),
-                       merged, output, ws.attention, ws.output_weights);
+    rotate(qkv[0], qkv[1]);
+    attend_and_project(parameters, {qkv[0], qkv[1], qkv[2]}, ws.options, split_heads(merged, config_.num_heads), lse,
+                       TensorView<T, 4>(), merged, output, ws.attention, ws.output_weights);
   }
 
   /// step and step_with: step into a new output, with a workspace of its own for the call.
@@ -444,8 +488,10 @@ class MultiHeadAttention {
     const Index batch = x.dim(0), new_len = x.dim(1), e = config_.embed_dim;
 
     // Project the new tokens and rotate them: sequence b's row l at absolute position positions()[b] + l.
-    const TensorView<T, 3> qkv = MhaWorkspace<T>::take(ws.projection, std::array<Index, 3>{batch, new_len, projection_width()});
-    const std::array<TensorView<T, 3>, 3> projections = project_self_into(parameters, x, qkv, ws.stacked);
+    const TensorView<T, 3> qkv = MhaWorkspace<T>::take(
+        ws.projection, std::array<Index, 3>{batch, new_len, detail::qkv_projection_width(config_)});
+    const std::array<TensorView<T, 3>, 3> projections =
+        detail::project_self_into(config_, parameters, x, qkv, ws.stacked);
     const TensorView<T, 4> q = split_heads(projections[0], config_.num_heads);
     const TensorView<T, 4> k = split_heads(projections[1], config_.num_kv_heads);
     const TensorView<T, 4> v = split_heads(projections[2], config_.num_kv_heads);
@@ -476,18 +522,19 @@ class MultiHeadAttention {
         for (Index b = 0; b < batch; ++b) {
           const Index rows = std::min(rows_per_pass, counts[static_cast<std::size_t>(b)] - l0);
           if (rows <= 0) continue;
-          cache.append(b, rows_of(k, b, l0, rows)[0], rows_of(v, b, l0, rows)[0], rope_ ? &*rope_ : nullptr);
+          cache.append(b, detail::rows_of(k, b, l0, rows)[0], detail::rows_of(v, b, l0, rows)[0],
+                       rope_ ? &*rope_ : nullptr);
           const Index keys = cache.lengths()[static_cast<std::size_t>(b)];
           // The options were checked against every sequence's keys (check_mha_step): this sequence's slice of them
           // goes to the kernels as it is.
           detail::options_for_sequence(attention_opts, b, l0, rows, keys, ws.sequence_options);
-          const TensorView<const T, 4> q_rows = rows_of(q, b, l0, rows);
-          detail::run_forward_stored(
-              detail::make_stored_params<T, S>(q_rows, cache.sequence_keys(b), cache.sequence_values(b),
-                                               ws.sequence_options),
-              ws.sequence_options,
-              detail::ForwardOutputs<T>{rows_of(attention, b, l0, rows), rows_of(lse, b, l0, rows), TensorView<T, 4>()},
-              ws.attention);
+          const TensorView<const T, 4> q_rows = detail::rows_of(q, b, l0, rows);
+          detail::run_forward_stored(detail::make_stored_params<T, S>(q_rows, cache.sequence_keys(b),
+                                                                      cache.sequence_values(b), ws.sequence_options),
+                                     ws.sequence_options,
+                                     detail::ForwardOutputs<T>{detail::rows_of(attention, b, l0, rows),
+                                                               detail::rows_of(lse, b, l0, rows), TensorView<T, 4>()},
+                                     ws.attention);
         }
     } catch (...) {  // out of memory mid-step: a keep-all cache goes back to where it was
       if (!evicting)
@@ -496,6 +543,22 @@ class MultiHeadAttention {
     }
     detail::linear_into_stored<T, P>(merged, parameters.out_weight.view(), parameters.out_bias.view(), output,
                                      ws.output_weights);
+  }
+
+  /// attend_memory: project the query -> attend over the memory's heads straight into the merged layout -> project
+  /// the output. The options go to the kernel as they are (checked: no dropout, no ALiBi).
+  Tensor<T, 3> attend_memory_walk(const MhaParams<T>& parameters, const TensorView<const T, 3>& query,
+                                  const MemoryKeysValues<T>& memory, const AttentionOptions<T>& opts) const {
+    const Index batch = query.dim(0), q_len = query.dim(1), e = config_.embed_dim;
+    Tensor<T, 4> q = detail::contiguous_heads(
+        detail::project_rows(query, parameters.q_weight, parameters.q_bias).view(), config_.num_heads);
+    Tensor<T, 3> merged({batch, q_len, e}), output({batch, q_len, e}), lse({batch, config_.num_heads, q_len});
+    AttentionWorkspace<T> workspace;
+    detail::StackedProjection<T> unused;  // T parameters
+    attend_and_project(parameters, {q.view(), memory.keys.view(), memory.values.view()}, opts,
+                       split_heads(merged.view(), config_.num_heads), lse.view(), TensorView<T, 4>(), merged.view(),
+                       output.view(), workspace, unused);
+    return output;
   }
 
   /// backward: the forward's walk in reverse.
@@ -537,87 +600,34 @@ class MultiHeadAttention {
     return g;
   }
 
-  // --- The steps the walks share.
-
-  /// Self-attention: query, key and value are one tensor, projected with one GEMM.
-  static bool is_self_attention(const TensorView<const T, 3>& query, const TensorView<const T, 3>& key,
-                                const TensorView<const T, 3>& value) {
-    return detail::same_view(query, key) && detail::same_view(key, value);
-  }
-
-  /// Width of the Q|K|V projection of self-attention: E + 2 Hkv Dh.
-  Index projection_width() const { return config_.embed_dim + 2 * config_.num_kv_heads * head_dim_; }
-
-  /// The self-attention projection of x into qkv (B, L, E + 2 Hkv Dh), one GEMM (or three for a few rows), returned
-  /// as its column blocks q, k, v.
-  template <typename P>
-  std::array<TensorView<T, 3>, 3> project_self_into(const MhaParams<P>& parameters, const TensorView<const T, 3>& x,
-                                                    const TensorView<T, 3>& qkv,
-                                                    detail::StackedProjection<T>& stacked) const {
-    detail::fused_qkv_projection_into<T, P>(
-        x, {parameters.q_weight.view(), parameters.k_weight.view(), parameters.v_weight.view()},
-        {parameters.q_bias.view(), parameters.k_bias.view(), parameters.v_bias.view()}, qkv, stacked);
-    const Index e = config_.embed_dim, kv = config_.num_kv_heads * head_dim_;
-    const auto block = [&](Index column, Index width) {
-      // An empty projection (B = 0 or L = 0) has no data to offset.
-      return TensorView<T, 3>(qkv.empty() ? nullptr : qkv.data() + column, {qkv.dim(0), qkv.dim(1), width},
-                              qkv.strides());
-    };
-    return {block(0, e), block(e, kv), block(e + kv, kv)};
-  }
-
-  /// The projections of query, key and value split into heads, each head copied out contiguous: one GEMM for Q|K|V
-  /// when they are the same tensor, else three, then one copy per tensor. Read in place, a head's rows would sit
-  /// E + 2 Hkv Dh values apart, and the attention kernels run 20 to 25 % slower on them (measured at L = 2048,
-  /// E = 512, H = 8); the copy costs a few percent of the projection's GEMM.
-  detail::ProjectedHeads<T> project_heads(const MhaParams<T>& parameters, const TensorView<const T, 3>& query,
-                                          const TensorView<const T, 3>& key, const TensorView<const T, 3>& value) const {
-    const auto heads = [](const TensorView<T, 3>& x, Index count) { return Tensor<T, 4>(split_heads(x, count)); };
-    if (is_self_attention(query, key, value)) {
-      Tensor<T, 3> qkv(std::array<Index, 3>{query.dim(0), query.dim(1), projection_width()});
-      detail::StackedProjection<T> stacked;
-      const std::array<TensorView<T, 3>, 3> blocks = project_self_into(parameters, query, qkv.view(), stacked);
-      return {heads(blocks[0], config_.num_heads), heads(blocks[1], config_.num_kv_heads),
-              heads(blocks[2], config_.num_kv_heads)};
-    }
-    // linear_into_stored as forward_into's cross-attention path: a few rows through the same kernel, the same bits.
-    const auto project_one = [](const TensorView<const T, 3>& x, const Tensor<T, 2>& w, const Tensor<T, 1>& b) {
-      Tensor<T, 3> y(std::array<Index, 3>{x.dim(0), x.dim(1), w.dim(0)});
-      detail::StackedProjection<T> unused;  // T weights: nothing to widen
-      detail::linear_into_stored<T, T>(x, w.view(), b.view(), y.view(), unused);
-      return y;
-    };
-    return {heads(project_one(query, parameters.q_weight, parameters.q_bias).view(), config_.num_heads),
-            heads(project_one(key, parameters.k_weight, parameters.k_bias).view(), config_.num_kv_heads),
-            heads(project_one(value, parameters.v_weight, parameters.v_bias).view(), config_.num_kv_heads)};
-  }
-
-  /// The options the module's forward attends with: opts, the module's dropout rate (training mode only) and its
-  /// ALiBi slopes, assigned into `into` (whose vectors keep their capacity).
+  /// The options the module's forward attends with: opts, the module's dropout rate
+  /// (training mode only) and its ALiBi slopes, assigned into `into` (whose vectors keep their capacity).
   void forward_options(const AttentionOptions<T>& opts, AttentionOptions<T>& into) const {
     into = opts;
     into.dropout_p = training_ ? static_cast<T>(config_.dropout) : T(0);
     if (config_.alibi) into.alibi_slopes = alibi_;
   }
 
-  /// The forward's walk after the projections, shared by forward and forward_into: given q, k, v split into heads,
-  /// rotate q and k in place (bottom-right positions, like the masks: key row j at j, query row l at l + Lk - Lq),
-  /// attend into `heads` (and `weights` when asked for), merge into `merged` (nothing to copy when heads is its split
-  /// view), and project the output.
-  /// Parameters stored as P: T, or 16 bits (the output projection's widened weights then go into `output_weights`).
-  template <typename P>
-  void attend_and_project(const MhaParams<P>& parameters, const std::array<TensorView<T, 4>, 3>& qkv,
-                          const AttentionOptions<T>& attention_opts, const TensorView<T, 4>& heads,
-                          const TensorView<T, 3>& lse, const TensorView<T, 4>& weights, const TensorView<T, 3>& merged,
-                          const TensorView<T, 3>& output, AttentionWorkspace<T>& workspace,
-                          detail::StackedProjection<T>& output_weights) const {
-    const TensorView<T, 4>& q = qkv[0];
-    const TensorView<T, 4>& k = qkv[1];
-    const TensorView<T, 4>& v = qkv[2];
+  /// RoPE on q and k in place, at the positions of the masks (bottom-right: key row j at j, query row l at
+  /// l + Lk - Lq).
+  void rotate(const TensorView<T, 4>& q, const TensorView<T, 4>& k) const {
     if (rope_) {
       rope_->apply(q, k.dim(2) - q.dim(2));
       rope_->apply(k, 0);
     }
+  }
+
+  /// The walk after the projections (and RoPE), shared by forward, forward_into and attend_memory: given q, k, v
+  /// split into heads, attend into `heads` (and `weights` when asked for), merge into `merged` (nothing to copy when
+  /// heads is its split view), and project the output.
+  /// Parameters stored as P: T, or 16 bits (the output projection's widened weights then go into `output_weights`).
+  template <typename P>
+  void attend_and_project(const MhaParams<P>& parameters, const std::array<TensorView<const T, 4>, 3>& qkv,
+                          const AttentionOptions<T>& attention_opts, const TensorView<T, 4>& heads,
+                          const TensorView<T, 3>& lse, const TensorView<T, 4>& weights, const TensorView<T, 3>& merged,
+                          const TensorView<T, 3>& output, AttentionWorkspace<T>& workspace,
+                          detail::StackedProjection<T>& output_weights) const {
+    const auto& [q, k, v] = qkv;
     detail::run_forward(detail::make_params<T>(q, k, v, attention_opts), attention_opts,
                         detail::ForwardOutputs<T>{heads, lse, weights}, workspace);
     const TensorView<T, 4> target = split_heads(merged, config_.num_heads);
@@ -626,15 +636,6 @@ class MultiHeadAttention {
         for (Index h = 0; h < heads.dim(1); ++h) as_matrix(target[b][h]) = as_matrix(heads[b][h]);
     detail::linear_into_stored<T, P>(merged, parameters.out_weight.view(), parameters.out_bias.view(), output,
                                      output_weights);
-  }
-
-  /// Rows [row, row + rows) of batch b of a (B, heads, L) or (B, heads, L, D) view: (1, heads, rows[, D]).
-  template <typename U, int Rank>
-  static TensorView<U, Rank> rows_of(const TensorView<U, Rank>& x, Index b, Index row, Index rows) {
-    std::array<Index, Rank> shape = x.shape();
-    shape[0] = 1;
-    shape[2] = rows;
-    return TensorView<U, Rank>(x.data() + b * x.stride(0) + row * x.stride(2), shape, x.strides());
   }
 
   MultiHeadAttentionConfig config_;

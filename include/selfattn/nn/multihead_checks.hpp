@@ -92,6 +92,47 @@ void check_mha_forward(const MultiHeadAttentionConfig& config, bool training, co
   validate_options(function, opts, query.dim(0), config.num_heads, query.dim(1), key.dim(1));
 }
 
+/// A memory's keys carry no positions relative to the rows attending to it: project_memory and attend_memory refuse a
+/// module with RoPE or ALiBi.
+inline void check_mha_memory_config(const MultiHeadAttentionConfig& config, const char* function) {
+  if (config.rope_dim > 0)
+    throw_invalid(function, "cfg.rope_dim",
+                  "expected 0 for a memory (its keys have no positions), got " + std::to_string(config.rope_dim));
+  if (config.alibi) throw_invalid(function, "cfg.alibi", "expected false for a memory (its keys have no positions)");
+}
+
+/// The checks of project_memory: key (B, Lk, kdim), value (B, Lk, vdim), the parameters, a module without positions.
+template <typename T>
+void check_mha_project_memory(const MultiHeadAttentionConfig& config, const MhaParams<T>& parameters,
+                              const TensorView<const T, 3>& key, const TensorView<const T, 3>& value,
+                              const char* function) {
+  check_mha_memory_config(config, function);
+  check_shape<3>(function, "key", key.shape(), {any_extent, any_extent, config.kdim});
+  check_shape<3>(function, "value", value.shape(), {key.dim(0), key.dim(1), config.vdim});
+  check_mha_params(config, parameters, function);
+}
+
+/// The checks of attend_memory: query (B, Lq, E), a memory projected for this module's heads, keys and values
+/// (B, Hkv, Lk, Dh), the parameters, and options without dropout or weights (inference).
+template <typename T>
+void check_mha_attend_memory(const MultiHeadAttentionConfig& config, const MhaParams<T>& parameters,
+                             const TensorView<const T, 3>& query, const MemoryKeysValues<T>& memory,
+                             const AttentionOptions<T>& opts, const char* function) {
+  check_mha_memory_config(config, function);
+  check_shape<3>(function, "query", query.shape(), {any_extent, any_extent, config.embed_dim});
+  check_shape<4>(function, "memory.keys", memory.keys.shape(),
+                 {query.dim(0), config.num_kv_heads, any_extent, config.embed_dim / config.num_heads});
+  check_shape<4>(function, "memory.values", memory.values.shape(), memory.keys.shape());
+  check_mha_params(config, parameters, function);
+  check_mha_alibi(config, opts, function);
+  if (opts.need_weights)
+    throw_invalid(function, "opts.need_weights", "attend_memory returns no weights (use forward); expected false");
+  if (opts.dropout_p != T(0))
+    throw_invalid(function, "opts.dropout_p",
+                  "attend_memory applies no dropout; expected 0, got " + std::to_string(opts.dropout_p));
+  validate_options(function, opts, query.dim(0), config.num_heads, query.dim(1), memory.keys.dim(2));
+}
+
 /// The checks of forward_into: forward's, no weights asked for, and an output (B, Lq, E) overlapping neither an input,
 /// a mask of opts nor itself.
 template <typename T, typename P, typename A>

@@ -87,6 +87,15 @@ MhaParams<To> params_cast(const MhaParams<T>& p) {
                        cast(p.q_bias),   cast(p.k_bias),   cast(p.v_bias),   cast(p.out_bias)};
 }
 
+/// \brief The keys and values of a fixed memory (an encoder's output), projected and split into heads once by
+/// MultiHeadAttention::project_memory, for a cross-attention that many decode steps run over
+/// (MultiHeadAttention::attend_memory_with).
+template <typename T>
+struct MemoryKeysValues {
+  Tensor<T, 4> keys;    ///< (B, Hkv, Lk, Dh)
+  Tensor<T, 4> values;  ///< (B, Hkv, Lk, Dh)
+};
+
 namespace detail {
 
 /// The forward's q (after RoPE), k (after RoPE) and v, each head contiguous: q (B, H, Lq, Dh), k and v (B, Hkv, Lk,

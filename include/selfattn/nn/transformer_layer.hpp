@@ -23,6 +23,7 @@
 #include <selfattn/nn/module_options.hpp>
 #include <selfattn/nn/multihead.hpp>
 #include <selfattn/nn/norm.hpp>
+#include <selfattn/nn/residual_sublayer.hpp>
 #include <selfattn/options.hpp>
 #include <selfattn/tensor.hpp>
 
@@ -113,13 +114,10 @@ namespace detail {
 /// forward has taken views of its tensors).
 template <typename T>
 struct TransformerLayerSaved {
-  SavedInput<T> input;           ///< x
-  Tensor<T, 3> normed1;          ///< norm1's output: the attention's input (pre-norm) or the FFN's (post-norm)
-  NormStatistics<T> norm1, norm2;
-  MhaForward<T> attention;       ///< the self-attention's forward
-  Tensor<T, 3> residual1;        ///< h = x + dropout(attention): norm1's input (post) or norm2's (pre)
-  Tensor<T, 3> normed2;          ///< pre-norm: norm2(h), the FFN's input
-  Tensor<T, 3> residual2;        ///< post-norm: h + dropout(ffn(h)), norm2's input
+  SavedInput<T> input;  ///< x
+  SublayerSaved<T> attention_block, ffn_block;
+  MhaForward<T> attention;  ///< the self-attention's forward
+  Tensor<T, 3> h;           ///< the attention sublayer's output: the FFN sublayer's input
   FeedForwardSaved<T> ffn;
   T dropout_p = T(0);            ///< the layer's dropout rate in this forward (0 outside training)
   std::uint64_t seed = 0;        ///< opts.seed of the forward
@@ -370,119 +368,60 @@ class TransformerLayer {
     return {p.linear1_weight.view(), p.linear1_bias.view(), p.linear2_weight.view(), p.linear2_bias.view()};
   }
 
-  /// norm(x) with weight and bias (bias empty when absent), statistics into `stats`. 16-bit weights (E values each)
-  /// are widened first: exactly, so the result is that of float weights holding the same values.
-  template <typename P>
-  Tensor<T, 3> normalize(const TensorView<const T, 3>& x, const Tensor<P, 1>& weight, const Tensor<P, 1>& bias,
-                         detail::NormStatistics<T>& stats) const {
-    return detail::norm_inference<T, P>(config_.norm, static_cast<T>(config_.norm_eps), x, weight, bias, stats);
-  }
-
-  /// dx of y = norm(x), the parameter gradients into dweight and dbias (sized here; dbias only with a bias).
-  Tensor<T, 3> normalize_backward(const TensorView<const T, 3>& x, const detail::NormStatistics<T>& stats,
-                                  const Tensor<T, 1>& weight, const TensorView<const T, 3>& dy, Tensor<T, 1>& dweight,
-                                  Tensor<T, 1>& dbias) const {
-    Tensor<T, 3> dx(x.shape());
-    dweight = Tensor<T, 1>(weight.shape());
-    if (has_norm_bias()) dbias = Tensor<T, 1>(weight.shape());
-    detail::norm_backward_into<T>(config_.norm, x, stats, weight.view(), dy, dx.view(), dweight.view(), dbias.view());
-    return dx;
-  }
-
-  /// out = x + dropout(y), dropout keyed by `seed` (y taken by value: the attention's output is copied, as its
-  /// forward result keeps it).
-  static Tensor<T, 3> residual(const TensorView<const T, 3>& x, Tensor<T, 3> y, T p, std::uint64_t seed) {
-    detail::dropout_activations<T>(y.view(), p, seed);
-    return std::move(y) + x;
+  detail::SublayerNorm<T> norm() const {
+    return {config_.norm, static_cast<T>(config_.norm_eps), config_.norm_first, has_norm_bias()};
   }
 
   /// The forward's walk (see the file comment), everything the backward needs into `s`.
   Tensor<T, 3> run_forward(const TransformerLayerParams<T>& p, detail::TransformerLayerSaved<T>& s,
                            const AttentionOptions<T>& opts) const {
     using detail::LayerDropoutSite;
-    using detail::layer_dropout_seed;
     s.dropout_p = training_ ? static_cast<T>(config_.dropout) : T(0);
     s.seed = opts.seed;
-    const TensorView<const T, 3> x = s.input.view;
-    const auto seed = [&](LayerDropoutSite site) { return layer_dropout_seed(s.seed, site); };
-    if (config_.norm_first) {
-      // h = x + dropout(attention(norm1(x)))
-      s.normed1 = normalize(x, p.norm1_weight, p.norm1_bias, s.norm1);
-      s.attention = attention_.forward_with(p.self_attn, s.normed1.view(), opts);
-      s.residual1 = residual(x, s.attention.output, s.dropout_p, seed(LayerDropoutSite::attention_output));
-      // y = h + dropout(ffn(norm2(h)))
-      s.normed2 = normalize(s.residual1.view(), p.norm2_weight, p.norm2_bias, s.norm2);
-      Tensor<T, 3> ffn_out(x.shape());
-      detail::feed_forward_forward<T>(config_.activation, s.dropout_p, seed(LayerDropoutSite::ffn_hidden),
-                                      s.normed2.view(), ffn_weights(p), s.ffn, ffn_out.view());
-      return residual(s.residual1.view(), std::move(ffn_out), s.dropout_p, seed(LayerDropoutSite::ffn_output));
-    }
-    // h = norm1(x + dropout(attention(x)))
-    s.attention = attention_.forward_with(p.self_attn, x, opts);
-    s.residual1 = residual(x, s.attention.output, s.dropout_p, seed(LayerDropoutSite::attention_output));
-    s.normed1 = normalize(s.residual1.view(), p.norm1_weight, p.norm1_bias, s.norm1);
-    // y = norm2(h + dropout(ffn(h)))
-    Tensor<T, 3> ffn_out(x.shape());
-    detail::feed_forward_forward<T>(config_.activation, s.dropout_p, seed(LayerDropoutSite::ffn_hidden),
-                                    s.normed1.view(), ffn_weights(p), s.ffn, ffn_out.view());
-    s.residual2 = residual(s.normed1.view(), std::move(ffn_out), s.dropout_p, seed(LayerDropoutSite::ffn_output));
-    return normalize(s.residual2.view(), p.norm2_weight, p.norm2_bias, s.norm2);
+    const auto seed = [&](LayerDropoutSite site) { return detail::layer_dropout_seed(s.seed, site); };
+    s.h = detail::sublayer_forward<T>(norm(), p.norm1_weight, p.norm1_bias, s.input.view, s.dropout_p,
+                                      seed(LayerDropoutSite::attention_output), s.attention_block,
+                                      [&](const TensorView<const T, 3>& in) {
+                                        s.attention = attention_.forward_with(p.self_attn, in, opts);
+                                        return s.attention.output;  // a copy: the forward result keeps its own
+                                      });
+    return detail::sublayer_forward<T>(
+        norm(), p.norm2_weight, p.norm2_bias, s.h.view(), s.dropout_p, seed(LayerDropoutSite::ffn_output), s.ffn_block,
+        [&](const TensorView<const T, 3>& in) {
+          Tensor<T, 3> out(in.shape());
+          detail::feed_forward_forward<T>(config_.activation, s.dropout_p, seed(LayerDropoutSite::ffn_hidden), in,
+                                          ffn_weights(p), s.ffn, out.view());
+          return out;
+        });
   }
 
-  /// d attention(a) for the attention's input a: the attention's backward of dy, its three input gradients summed
-  /// (self-attention reads a as query, key and value).
-  Tensor<T, 3> attention_backward(const TransformerLayerParams<T>& p, const detail::TransformerLayerSaved<T>& s,
-                                  Tensor<T, 3> dy, MhaParams<T>& dparams) const {
-    detail::dropout_activations<T>(dy.view(), s.dropout_p,
-                                   detail::layer_dropout_seed(s.seed, detail::LayerDropoutSite::attention_output));
-    MhaGradients<T> g = attention_.backward_with(p.self_attn, dy, s.attention);
-    dparams = std::move(g.params);
-    return std::move(g.d_query) + g.d_key + g.d_value;
-  }
-
-  /// d ffn(a) for the FFN's input a, the FFN's parameter gradients into `dparams`.
-  Tensor<T, 3> ffn_backward(const TransformerLayerParams<T>& p, const detail::TransformerLayerSaved<T>& s,
-                            const TensorView<const T, 3>& ffn_input, Tensor<T, 3> dy,
-                            TransformerLayerParams<T>& dparams) const {
-    using detail::LayerDropoutSite;
-    detail::dropout_activations<T>(dy.view(), s.dropout_p, detail::layer_dropout_seed(s.seed, LayerDropoutSite::ffn_output));
-    FeedForwardParams<T> g;
-    Tensor<T, 3> dx = detail::feed_forward_backward<T>(config_.activation, s.dropout_p,
-                                                       detail::layer_dropout_seed(s.seed, LayerDropoutSite::ffn_hidden),
-                                                       ffn_input, ffn_weights(p), s.ffn, dy.view(), config_.bias, g);
-    dparams.linear1_weight = std::move(g.linear1_weight);
-    dparams.linear1_bias = std::move(g.linear1_bias);
-    dparams.linear2_weight = std::move(g.linear2_weight);
-    dparams.linear2_bias = std::move(g.linear2_bias);
-    return dx;
-  }
-
+  /// The forward's walk in reverse: the FFN's sublayer, then the attention's.
   void run_backward(const TransformerLayerParams<T>& p, const detail::TransformerLayerSaved<T>& s,
                     const TensorView<const T, 3>& dy, TransformerLayerGradients<T>& g) const {
-    const TensorView<const T, 3> x = s.input.view;
-    if (config_.norm_first) {
-      // y = h + dropout(ffn(norm2(h))):  dh = dy + norm2'(ffn'(dropout'(dy)))
-      Tensor<T, 3> d_normed2 = ffn_backward(p, s, s.normed2.view(), Tensor<T, 3>(dy), g.params);
-      Tensor<T, 3> dh = normalize_backward(s.residual1.view(), s.norm2, p.norm2_weight, d_normed2.view(),
-                                           g.params.norm2_weight, g.params.norm2_bias);
-      dh += dy;
-      // h = x + dropout(attention(norm1(x))):  dx = dh + norm1'(attention'(dropout'(dh)))
-      Tensor<T, 3> d_normed1 = attention_backward(p, s, Tensor<T, 3>(dh), g.params.self_attn);
-      g.d_input = normalize_backward(x, s.norm1, p.norm1_weight, d_normed1.view(), g.params.norm1_weight,
-                                     g.params.norm1_bias);
-      g.d_input += dh;
-      return;
-    }
-    // y = norm2(r), r = h + dropout(ffn(h)):  dr = norm2'(dy);  dh = dr + ffn'(dropout'(dr))
-    Tensor<T, 3> dr = normalize_backward(s.residual2.view(), s.norm2, p.norm2_weight, dy, g.params.norm2_weight,
-                                         g.params.norm2_bias);
-    Tensor<T, 3> dh = ffn_backward(p, s, s.normed1.view(), Tensor<T, 3>(dr), g.params);
-    dh += dr;
-    // h = norm1(q), q = x + dropout(attention(x)):  dq = norm1'(dh);  dx = dq + attention'(dropout'(dq))
-    Tensor<T, 3> dq = normalize_backward(s.residual1.view(), s.norm1, p.norm1_weight, dh.view(), g.params.norm1_weight,
-                                         g.params.norm1_bias);
-    g.d_input = attention_backward(p, s, Tensor<T, 3>(dq), g.params.self_attn);
-    g.d_input += dq;
+    using detail::LayerDropoutSite;
+    const auto seed = [&](LayerDropoutSite site) { return detail::layer_dropout_seed(s.seed, site); };
+    TransformerLayerParams<T>& dp = g.params;
+    const Tensor<T, 3> dh = detail::sublayer_backward<T>(
+        norm(), p.norm2_weight, s.h.view(), s.dropout_p, seed(LayerDropoutSite::ffn_output), s.ffn_block, dy,
+        dp.norm2_weight, dp.norm2_bias, [&](const Tensor<T, 3>& d_ffn) {
+          FeedForwardParams<T> gf;
+          const TensorView<const T, 3> in = norm().first ? s.ffn_block.normed.view() : s.h.view();
+          Tensor<T, 3> dx =
+              detail::feed_forward_backward<T>(config_.activation, s.dropout_p, seed(LayerDropoutSite::ffn_hidden), in,
+                                               ffn_weights(p), s.ffn, d_ffn.view(), config_.bias, gf);
+          dp.linear1_weight = std::move(gf.linear1_weight);
+          dp.linear1_bias = std::move(gf.linear1_bias);
+          dp.linear2_weight = std::move(gf.linear2_weight);
+          dp.linear2_bias = std::move(gf.linear2_bias);
+          return dx;
+        });
+    g.d_input = detail::sublayer_backward<T>(
+        norm(), p.norm1_weight, s.input.view, s.dropout_p, seed(LayerDropoutSite::attention_output), s.attention_block,
+        dh.view(), dp.norm1_weight, dp.norm1_bias, [&](const Tensor<T, 3>& d_attention) {
+          MhaGradients<T> ga = attention_.backward_with(p.self_attn, d_attention, s.attention);
+          dp.self_attn = std::move(ga.params);
+          return std::move(ga.d_query) + ga.d_key + ga.d_value;  // x is query, key and value
+        });
   }
 
   /// The forward's walk for new tokens, the attention through the cache; nothing saved, no dropout. Parameters
@@ -490,23 +429,17 @@ class TransformerLayer {
   template <typename S, typename P>
   Tensor<T, 3> run_step(const TransformerLayerParams<P>& p, const TensorView<const T, 3>& x, KVCache<T, S>& cache,
                         const AttentionOptions<T>& opts, const std::vector<Index>& new_tokens) const {
-    detail::NormStatistics<T> stats;
-    detail::StackedProjection<T> scratch;
-    const auto ffn = [&](const TensorView<const T, 3>& in) {
-      Tensor<T, 3> out(in.shape());
-      detail::feed_forward_inference<T, P>(config_.activation, in, ffn_weights(p), out.view(), scratch);
-      return out;
-    };
-    if (config_.norm_first) {
-      Tensor<T, 3> h = attention_.step_with(p.self_attn, normalize(x, p.norm1_weight, p.norm1_bias, stats), cache, opts,
-                                            new_tokens);
-      h += x;  // h = x + attention(norm1(x))
-      return ffn(normalize(h.view(), p.norm2_weight, p.norm2_bias, stats).view()) + h;  // h + ffn(norm2(h))
-    }
-    Tensor<T, 3> q = attention_.step_with(p.self_attn, x, cache, opts, new_tokens);
-    q += x;
-    const Tensor<T, 3> h = normalize(q.view(), p.norm1_weight, p.norm1_bias, stats);  // norm1(x + attention(x))
-    return normalize((ffn(h.view()) + h).view(), p.norm2_weight, p.norm2_bias, stats);    // norm2(h + ffn(h))
+    const Tensor<T, 3> h = detail::sublayer_inference<T, P>(
+        norm(), p.norm1_weight, p.norm1_bias, x, [&](const TensorView<const T, 3>& in) {
+          return attention_.step_with(p.self_attn, in, cache, opts, new_tokens);
+        });
+    return detail::sublayer_inference<T, P>(
+        norm(), p.norm2_weight, p.norm2_bias, h.view(), [&](const TensorView<const T, 3>& in) {
+          Tensor<T, 3> out(in.shape());
+          detail::StackedProjection<T> scratch;
+          detail::feed_forward_inference<T, P>(config_.activation, in, ffn_weights(p), out.view(), scratch);
+          return out;
+        });
   }
 
   TransformerLayerConfig config_;

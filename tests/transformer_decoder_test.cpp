@@ -1,0 +1,384 @@
+// Tests of TransformerDecoderLayer and of the module entries it decodes with (MultiHeadAttention::project_memory and
+// attend_memory): conformance with PyTorch's nn.TransformerDecoderLayer (fixtures written by
+// tests/pytorch/make_decoder_fixtures.py: the output, the gradients of the target, the memory and every parameter, in
+// double within 1e-10 and float within 1e-4), every gradient by central finite differences in double (dropout on
+// included), decoding in pieces against the forward, and bad arguments that throw naming themselves.
+#include <selfattn/io/transformer_state_dict.hpp>
+#include <selfattn/selfattn.hpp>
+
+#include "support/compare.hpp"
+#include "support/expect_error.hpp"
+#include "support/fixture.hpp"
+#include "support/gradcheck.hpp"
+#include "support/layer_params.hpp"
+#include "support/random.hpp"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace selfattn {
+namespace {
+
+using test::all_close;
+using test::Fixture;
+using test::Random;
+
+// Every tensor of a decoder layer's parameters beside its gradient, by the name of params().
+template <typename P, typename G, typename F>
+void for_each_decoder_param(P& p, G& g, F&& f) {
+  test::for_each_mha_param("self_attn.", p.self_attn, g.self_attn, f);
+  test::for_each_mha_param("multihead_attn.", p.multihead_attn, g.multihead_attn, f);
+  f("linear1_weight", p.linear1_weight, g.linear1_weight);
+  f("linear1_bias", p.linear1_bias, g.linear1_bias);
+  f("linear2_weight", p.linear2_weight, g.linear2_weight);
+  f("linear2_bias", p.linear2_bias, g.linear2_bias);
+  f("norm1_weight", p.norm1_weight, g.norm1_weight);
+  f("norm1_bias", p.norm1_bias, g.norm1_bias);
+  f("norm2_weight", p.norm2_weight, g.norm2_weight);
+  f("norm2_bias", p.norm2_bias, g.norm2_bias);
+  f("norm3_weight", p.norm3_weight, g.norm3_weight);
+  f("norm3_bias", p.norm3_bias, g.norm3_bias);
+}
+
+// ---- PyTorch conformance ----------------------------------------------------------------------------
+
+TransformerDecoderLayerConfig fixture_config(const Fixture& fx) {
+  TransformerDecoderLayerConfig cfg;
+  cfg.attention.embed_dim = fx.integer("embed_dim");
+  cfg.attention.num_heads = fx.integer("num_heads");
+  cfg.attention.dropout = 0.0;
+  cfg.ffn_dim = fx.integer("ffn_dim");
+  const Index activation = fx.integer("activation");  // codes of make_layer_fixtures.py
+  cfg.activation = activation == 0 ? Activation::relu : activation == 1 ? Activation::gelu : Activation::gelu_tanh;
+  cfg.dropout = 0.0;
+  cfg.norm_first = fx.integer("norm_first") != 0;
+  cfg.norm_eps = fx.values("norm_eps").at(0);
+  cfg.causal = fx.integer("causal") != 0;  // PyTorch's tgt_mask: top-left causal, or none
+  return cfg;
+}
+
+template <typename T>
+StateDict<T> fixture_parameters(const Fixture& fx) {
+  StateDict<T> sd;
+  for (const auto& [name, entry] : fx.tensors) {
+    if (name.find('.') == std::string::npos || name.rfind("grad.", 0) == 0) continue;  // data, results, gradients
+    NdArray<T> a{entry.shape, std::vector<T>(entry.values.begin(), entry.values.end())};
+    sd[name] = std::move(a);
+  }
+  return sd;
+}
+
+template <typename T, int Rank>
+void expect_matches(const Fixture& fx, const std::string& name, const Tensor<T, Rank>& actual, double tolerance) {
+  const Tensor<double, Rank> expected = fx.tensor<Rank>(name);
+  EXPECT_TRUE(all_close(actual, expected, tolerance)) << name;
+}
+
+template <typename T>
+void expect_matches(const Fixture& fx, const std::string& name, const NdArray<T>& actual, double tolerance) {
+  const Fixture::Entry& e = fx.tensors.at(name);
+  ASSERT_EQ(actual.shape, e.shape) << name;
+  const auto count = static_cast<Index>(e.values.size());
+  Tensor<T, 1> a({count});
+  Tensor<double, 1> expected({count});
+  std::copy(actual.values.begin(), actual.values.end(), a.data());
+  std::copy(e.values.begin(), e.values.end(), expected.data());
+  EXPECT_TRUE(all_close(a, expected, tolerance)) << name;
+}
+
+template <typename T>
+void run_fixture(const Fixture& fx, double tolerance) {
+  TransformerDecoderLayer<T> layer(fixture_config(fx));
+  const StateDict<T> parameters = fixture_parameters<T>(fx);
+  load_state_dict(layer, parameters);
+  const StateDict<T> saved = transformer_decoder_layer_state_dict(layer.params(), layer.config());
+  ASSERT_EQ(saved.size(), parameters.size()) << "a load and save keeps every name";
+  for (const auto& [name, array] : parameters) EXPECT_TRUE(saved.at(name).values == array.values) << name;
+
+  AttentionOptions<T> opts, memory_opts;
+  if (fx.has("key_lengths")) opts.key_lengths = fx.indices("key_lengths");
+  if (fx.has("memory_key_lengths")) memory_opts.key_lengths = fx.indices("memory_key_lengths");
+  const auto f = layer.forward(fx.tensor<3, T>("x"), fx.tensor<3, T>("memory"), opts, memory_opts);
+  const auto g = layer.backward(fx.tensor<3, T>("dout"), f);
+  expect_matches(fx, "output", f.output, tolerance);
+  expect_matches(fx, "grad.x", g.d_input, tolerance);
+  expect_matches(fx, "grad.memory", g.d_memory, tolerance);
+  const StateDict<T> gradients = transformer_decoder_layer_state_dict(g.params, layer.config());
+  EXPECT_EQ(gradients.size(), parameters.size());
+  for (const auto& [name, array] : gradients) expect_matches(fx, "grad." + name, array, tolerance);
+}
+
+class DecoderPyTorchConformance : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DecoderPyTorchConformance, OutputAndEveryGradientMatchPyTorch) {
+  const Fixture fx = test::load_fixture(test::fixture_path("decoder_" + GetParam() + ".txt"));
+  {
+    SCOPED_TRACE("double");
+    run_fixture<double>(fx, 1e-10);
+  }
+  {
+    SCOPED_TRACE("float");
+    run_fixture<float>(fx, 1e-4);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, DecoderPyTorchConformance,
+                         ::testing::Values("post_relu_memory_padding", "pre_gelu_padding",
+                                           "post_gelu_tanh_eps_unmasked", "pre_relu_long_memory"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+// ---- Gradients and decoding -------------------------------------------------------------------------
+
+struct DecoderCase {
+  std::string name;
+  TransformerDecoderLayerConfig cfg;
+  AttentionOptions<double> opts, memory_opts;
+  bool training = false;
+};
+
+TransformerDecoderLayerConfig small_decoder_config() {
+  TransformerDecoderLayerConfig cfg;
+  cfg.attention.embed_dim = 8;
+  cfg.attention.num_heads = 2;
+  cfg.memory_dim = 6;
+  cfg.ffn_dim = 6;
+  cfg.dropout = 0.0;
+  return cfg;
+}
+
+std::vector<DecoderCase> decoder_cases() {
+  std::vector<DecoderCase> cases;
+  {
+    DecoderCase c{"post-norm relu, source padding", small_decoder_config(), {}, {}};
+    c.memory_opts.key_lengths = {5, 2};
+    cases.push_back(c);
+  }
+  {
+    DecoderCase c{
+        "pre-norm RMSNorm SwiGLU, GQA, RoPE, no biases, target and source padding", small_decoder_config(), {}, {}};
+    c.cfg.norm_first = true;
+    c.cfg.norm = NormKind::rms_norm;
+    c.cfg.activation = Activation::swiglu;
+    c.cfg.attention.num_heads = 4;
+    c.cfg.attention.num_kv_heads = 2;
+    c.cfg.attention.rope_dim = 2;
+    c.cfg.attention.bias = false;
+    c.cfg.bias = false;
+    c.opts.key_lengths = {4, 3};
+    c.memory_opts.key_lengths = {3, 5};
+    cases.push_back(c);
+  }
+  for (bool norm_first : {false, true}) {
+    DecoderCase c{std::string(norm_first ? "pre" : "post") + "-norm in training: dropout everywhere",
+                  small_decoder_config(),
+                  {},
+                  {},
+                  true};
+    c.cfg.norm_first = norm_first;
+    c.cfg.dropout = 0.25;
+    c.cfg.attention.dropout = 0.2;
+    c.opts.seed = 1234;
+    c.memory_opts.seed = 99;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+template <typename P>
+void randomize(P& params, Random& rng) {
+  P unused = params;
+  for_each_decoder_param(params, unused, [&](const std::string&, auto& p, auto&) {
+    for (Index n = 0; n < p.size(); ++n) p.data()[n] = rng.uniform(-0.8, 0.8);
+  });
+}
+
+template <int Rank, typename Loss>
+void expect_gradient(const std::string& name, Tensor<double, Rank>& param, const Tensor<double, Rank>& grad,
+                     Loss&& loss) {
+  if (param.size() == 0) {
+    EXPECT_EQ(grad.size(), 0) << name << ": the parameter is absent, its gradient must be empty";
+    return;
+  }
+  EXPECT_TRUE(all_close(grad, test::numerical_gradient(param, loss), test::gradient_tolerance)) << name;
+}
+
+TEST(TransformerDecoderLayerTest, EveryGradientMatchesFiniteDifferences) {
+  for (const DecoderCase& c : decoder_cases()) {
+    SCOPED_TRACE(c.name);
+    TransformerDecoderLayer<double> layer(c.cfg, 21);
+    layer.set_training(c.training);
+    Random rng(22);
+    randomize(layer.params(), rng);
+    Tensor<double, 3> x = rng.normal_tensor<double, 3>({2, 4, 8});
+    Tensor<double, 3> memory = rng.normal_tensor<double, 3>({2, 5, 6});
+    const Tensor<double, 3> weights = rng.normal_tensor<double, 3>({2, 4, 8});
+    const auto loss = [&] {
+      return test::weighted_sum(layer.forward(x, memory, c.opts, c.memory_opts).output, weights);
+    };
+    const TransformerDecoderLayerGradients<double> g =
+        layer.backward(weights, layer.forward(x, memory, c.opts, c.memory_opts));
+    expect_gradient("x", x, g.d_input, loss);
+    expect_gradient("memory", memory, g.d_memory, loss);
+    for_each_decoder_param(layer.params(), g.params, [&](const std::string& name, auto& param, const auto& grad) {
+      expect_gradient(name, param, grad, loss);
+    });
+  }
+}
+
+TEST(TransformerDecoderLayerTest, StepInPiecesEqualsTheForward) {
+  for (const DecoderCase& c : decoder_cases()) {
+    if (c.training) continue;  // step applies no dropout
+    SCOPED_TRACE(c.name);
+    TransformerDecoderLayer<double> layer(c.cfg, 23);
+    Random rng(24);
+    randomize(layer.params(), rng);
+    const Tensor<double, 3> x = rng.normal_tensor<double, 3>({2, 7, 8});
+    const Tensor<double, 3> memory = rng.normal_tensor<double, 3>({2, 5, 6});
+    const Tensor<double, 3> full = layer.forward(x, memory, {}, c.memory_opts).output;
+    KVCache<double> cache = layer.make_cache(2);
+    const MemoryKeysValues<double> source = layer.project_memory(memory);
+    Index done = 0;
+    for (Index piece : {3, 1, 1, 2}) {
+      const TensorView<const double, 3> part(x.data() + done * 8, {2, piece, 8}, {56, 8, 1});
+      const Tensor<double, 3> y = layer.step(part, cache, source, {}, c.memory_opts);
+      const TensorView<const double, 3> expected(full.data() + done * 8, {2, piece, 8}, {56, 8, 1});
+      EXPECT_TRUE(all_close(y, expected, 1e-12)) << "rows " << done << " to " << done + piece - 1;
+      done += piece;
+    }
+    EXPECT_EQ(cache.length(), 7);
+  }
+}
+
+TEST(TransformerDecoderLayerTest, WeightsOfBothAttentionsWhenAsked) {
+  TransformerDecoderLayer<float> layer(small_decoder_config());
+  Tensor<float, 3> x({1, 3, 8}), memory({1, 4, 6});
+  AttentionOptions<float> opts, memory_opts;
+  opts.need_weights = true;
+  memory_opts.need_weights = true;
+  memory_opts.key_lengths = {2};
+  const auto f = layer.forward(x, memory, opts, memory_opts);
+  ASSERT_EQ(f.self_weights.shape(), (std::array<Index, 4>{1, 2, 3, 3}));
+  ASSERT_EQ(f.cross_weights.shape(), (std::array<Index, 4>{1, 2, 3, 4}));
+  EXPECT_EQ(f.self_weights(0, 1, 0, 2), 0.0f) << "cfg.causal: row 0 sees key 0 only";
+  EXPECT_EQ(f.cross_weights(0, 0, 2, 3), 0.0f) << "source padding: key 3 is past length 2";
+  EXPECT_GT(f.cross_weights(0, 0, 0, 1), 0.0f) << "the memory is not causal";
+  EXPECT_EQ(layer.forward(x, memory).cross_weights.size(), 0);
+}
+
+TEST(TransformerDecoderLayerTest, ForwardKeepsTemporaryInputsForBackward) {
+  TransformerDecoderLayer<double> layer(small_decoder_config());
+  Random rng(25);
+  const Tensor<double, 3> x = rng.normal_tensor<double, 3>({1, 5, 8});
+  const Tensor<double, 3> memory = rng.normal_tensor<double, 3>({1, 3, 6});
+  const Tensor<double, 3> dout = rng.normal_tensor<double, 3>({1, 5, 8});
+  const auto expected = layer.backward(dout, layer.forward(x, memory));
+  TransformerDecoderLayerForward<double> kept = layer.forward(Tensor<double, 3>(x), Tensor<double, 3>(memory));
+  const TransformerDecoderLayerForward<double> copy = kept;
+  kept = TransformerDecoderLayerForward<double>();
+  const auto g = layer.backward(dout, copy);
+  EXPECT_EQ(test::max_abs_difference(g.d_input, expected.d_input), 0.0);
+  EXPECT_EQ(test::max_abs_difference(g.d_memory, expected.d_memory), 0.0);
+}
+
+TEST(TransformerDecoderLayerTest, BadArgumentsThrowNamingThem) {
+  TransformerDecoderLayerConfig cfg = small_decoder_config();
+  cfg.memory_dim = -2;
+  test::expect_error<std::invalid_argument>([&] { TransformerDecoderLayer<float> l(cfg); },
+                                            {"TransformerDecoderLayer", "cfg.memory_dim"});
+  cfg = small_decoder_config();
+  cfg.ffn_dim = 0;
+  test::expect_error<std::invalid_argument>([&] { TransformerDecoderLayer<float> l(cfg); }, {"cfg.ffn_dim"});
+
+  TransformerDecoderLayer<float> layer(small_decoder_config());
+  Tensor<float, 3> x({2, 3, 8}), memory({2, 4, 6}), narrow({2, 4, 5}), other_batch({1, 4, 6});
+  const char* fn = "TransformerDecoderLayer::forward";
+  test::expect_error<ShapeError>([&] { layer.forward(x, narrow); }, {fn, "memory", "(2, *, 6)", "(2, 4, 5)"});
+  test::expect_error<ShapeError>([&] { layer.forward(x, other_batch); }, {fn, "memory", "(1, 4, 6)"});
+  AttentionOptions<float> opts;
+  opts.key_lengths = {4, 9};
+  test::expect_error<std::invalid_argument>([&] { layer.forward(x, memory, {}, opts); }, {fn, "key_lengths"});
+  opts = {};
+  opts.dropout_p = 0.5f;
+  test::expect_error<std::invalid_argument>([&] { layer.forward(x, memory, {}, opts); }, {fn, "dropout_p"});
+  const auto f = layer.forward(x, memory);
+  test::expect_error<ShapeError>([&] { layer.backward(memory, f); }, {"TransformerDecoderLayer::backward", "dout"});
+  layer.params().norm3_weight = Tensor<float, 1>({3});
+  test::expect_error<ShapeError>([&] { layer.forward(x, memory); }, {fn, "params().norm3_weight", "(8)", "(3)"});
+}
+
+TEST(TransformerDecoderLayerTest, FailedStepLeavesTheCacheAsItWas) {
+  TransformerDecoderLayer<float> layer(small_decoder_config());
+  Tensor<float, 3> x({2, 1, 8}), memory({2, 4, 6});
+  KVCache<float> cache = layer.make_cache(2);
+  const MemoryKeysValues<float> source = layer.project_memory(memory);
+  layer.step(x, cache, source);
+  const char* fn = "TransformerDecoderLayer::step";
+  AttentionOptions<float> memory_opts;
+  memory_opts.key_lengths = {4, 5};  // past the memory's 4 rows
+  test::expect_error<std::invalid_argument>([&] { layer.step(x, cache, source, {}, memory_opts); },
+                                            {fn, "key_lengths"});
+  MemoryKeysValues<float> wrong = source;
+  wrong.values = Tensor<float, 4>({2, 2, 3, 4});
+  test::expect_error<ShapeError>([&] { layer.step(x, cache, wrong); }, {fn, "memory.values", "(2, 2, 3, 4)"});
+  Tensor<float, 3> other_batch({1, 4, 6});
+  test::expect_error<ShapeError>([&] { layer.step(x, cache, layer.project_memory(other_batch)); },
+                                 {fn, "memory.keys", "(1, 2, 4, 4)"});
+  EXPECT_EQ(cache.length(), 1) << "a failed step leaves the cache as it was";
+  test::expect_error<ShapeError>([&] { layer.project_memory(x); },
+                                 {"TransformerDecoderLayer::project_memory", "memory", "(*, *, 6)"});
+}
+
+// ---- The module's memory entries ----------------------------------------------------------------------
+
+TEST(MultiHeadAttentionMemoryTest, AttendMemoryIsTheForwardBitForBit) {
+  MultiHeadAttentionConfig cfg;
+  cfg.embed_dim = 12;
+  cfg.num_heads = 6;
+  cfg.num_kv_heads = 2;
+  cfg.kdim = 5;
+  cfg.vdim = 7;
+  MultiHeadAttention<double> mha(cfg, 26);
+  Random rng(27);
+  for (auto* bias : {&mha.params().q_bias, &mha.params().k_bias, &mha.params().v_bias, &mha.params().out_bias})
+    *bias = rng.normal_tensor<double, 1>(bias->shape());
+  const Tensor<double, 3> query = rng.normal_tensor<double, 3>({3, 4, 12});
+  const Tensor<double, 3> key = rng.normal_tensor<double, 3>({3, 6, 5});
+  const Tensor<double, 3> value = rng.normal_tensor<double, 3>({3, 6, 7});
+  AttentionOptions<double> opts;
+  opts.key_lengths = {6, 1, 3};
+  opts.window_left = 2;
+  const MemoryKeysValues<double> memory = mha.project_memory(key, value);
+  EXPECT_EQ(memory.keys.shape(), (std::array<Index, 4>{3, 2, 6, 2}));
+  EXPECT_EQ(
+      test::max_abs_difference(mha.attend_memory(query, memory, opts), mha.forward(query, key, value, opts).output),
+      0.0);
+}
+
+TEST(MultiHeadAttentionMemoryTest, PositionsAndTrainingOptionsAreRefused) {
+  MultiHeadAttentionConfig cfg;
+  cfg.embed_dim = 8;
+  cfg.num_heads = 2;
+  Tensor<float, 3> x({1, 3, 8});
+  cfg.rope_dim = 2;
+  test::expect_error<std::invalid_argument>([&] { MultiHeadAttention<float>(cfg).project_memory(x, x); },
+                                            {"MultiHeadAttention::project_memory", "cfg.rope_dim"});
+  cfg.rope_dim = 0;
+  cfg.alibi = true;
+  test::expect_error<std::invalid_argument>([&] { MultiHeadAttention<float>(cfg).project_memory(x, x); },
+                                            {"cfg.alibi"});
+  cfg.alibi = false;
+  const MultiHeadAttention<float> mha(cfg);
+  const MemoryKeysValues<float> memory = mha.project_memory(x, x);
+  AttentionOptions<float> opts;
+  opts.need_weights = true;
+  test::expect_error<std::invalid_argument>([&] { mha.attend_memory(x, memory, opts); },
+                                            {"MultiHeadAttention::attend_memory", "opts.need_weights"});
+  opts = {};
+  opts.dropout_p = 0.1f;
+  test::expect_error<std::invalid_argument>([&] { mha.attend_memory(x, memory, opts); }, {"opts.dropout_p"});
+}
+
+}  // namespace
+}  // namespace selfattn
