@@ -89,25 +89,51 @@ void expect_matches(const Fixture& fx, const std::string& name, const NdArray<T>
 }
 
 template <typename T>
-void run_fixture(const Fixture& fx, double tolerance) {
-  TransformerDecoderLayer<T> layer(fixture_config(fx));
+StateDict<T> state_dict_of(const TransformerDecoderLayerParams<T>& p, const TransformerDecoderLayerConfig& cfg) {
+  return transformer_decoder_layer_state_dict(p, cfg);
+}
+
+template <typename T>
+StateDict<T> state_dict_of(const TransformerDecoderStackParams<T>& p, const TransformerDecoderStackConfig& cfg) {
+  return transformer_decoder_stack_state_dict(p, cfg);
+}
+
+// Loads a fixture into a Model (TransformerDecoderLayer<T> or TransformerDecoderStack<T>) of configuration `cfg`,
+// runs forward and backward, and compares the output and the gradients of x, the memory and every parameter by
+// PyTorch's names.
+template <typename T, typename Model, typename Config>
+void run_fixture(const Fixture& fx, const Config& cfg, double tolerance) {
+  Model model(cfg);
   const StateDict<T> parameters = fixture_parameters<T>(fx);
-  load_state_dict(layer, parameters);
-  const StateDict<T> saved = transformer_decoder_layer_state_dict(layer.params(), layer.config());
+  load_state_dict(model, parameters);
+  const StateDict<T> saved = state_dict_of(model.params(), model.config());
   ASSERT_EQ(saved.size(), parameters.size()) << "a load and save keeps every name";
   for (const auto& [name, array] : parameters) EXPECT_TRUE(saved.at(name).values == array.values) << name;
 
   AttentionOptions<T> opts, memory_opts;
   if (fx.has("key_lengths")) opts.key_lengths = fx.indices("key_lengths");
   if (fx.has("memory_key_lengths")) memory_opts.key_lengths = fx.indices("memory_key_lengths");
-  const auto f = layer.forward(fx.tensor<3, T>("x"), fx.tensor<3, T>("memory"), opts, memory_opts);
-  const auto g = layer.backward(fx.tensor<3, T>("dout"), f);
+  const auto f = model.forward(fx.tensor<3, T>("x"), fx.tensor<3, T>("memory"), opts, memory_opts);
+  const auto g = model.backward(fx.tensor<3, T>("dout"), f);
   expect_matches(fx, "output", f.output, tolerance);
   expect_matches(fx, "grad.x", g.d_input, tolerance);
   expect_matches(fx, "grad.memory", g.d_memory, tolerance);
-  const StateDict<T> gradients = transformer_decoder_layer_state_dict(g.params, layer.config());
+  const StateDict<T> gradients = state_dict_of(g.params, model.config());
   EXPECT_EQ(gradients.size(), parameters.size());
   for (const auto& [name, array] : gradients) expect_matches(fx, "grad." + name, array, tolerance);
+}
+
+template <typename T>
+void run_fixture(const std::string& case_name, const Fixture& fx, double tolerance) {
+  if (case_name.rfind("stack_", 0) == 0) {
+    TransformerDecoderStackConfig cfg;
+    cfg.layer = fixture_config(fx);
+    cfg.num_layers = fx.integer("num_layers");
+    cfg.final_norm = fx.integer("final_norm") != 0;
+    run_fixture<T, TransformerDecoderStack<T>>(fx, cfg, tolerance);
+  } else {
+    run_fixture<T, TransformerDecoderLayer<T>>(fx, fixture_config(fx), tolerance);
+  }
 }
 
 class DecoderPyTorchConformance : public ::testing::TestWithParam<std::string> {};
@@ -116,17 +142,18 @@ TEST_P(DecoderPyTorchConformance, OutputAndEveryGradientMatchPyTorch) {
   const Fixture fx = test::load_fixture(test::fixture_path("decoder_" + GetParam() + ".txt"));
   {
     SCOPED_TRACE("double");
-    run_fixture<double>(fx, 1e-10);
+    run_fixture<double>(GetParam(), fx, 1e-10);
   }
   {
     SCOPED_TRACE("float");
-    run_fixture<float>(fx, 1e-4);
+    run_fixture<float>(GetParam(), fx, 1e-4);
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, DecoderPyTorchConformance,
                          ::testing::Values("post_relu_memory_padding", "pre_gelu_padding",
-                                           "post_gelu_tanh_eps_unmasked", "pre_relu_long_memory"),
+                                           "post_gelu_tanh_eps_unmasked", "pre_relu_long_memory",
+                                           "stack_pre_final_norm", "stack_post"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 // ---- Gradients and decoding -------------------------------------------------------------------------
@@ -328,6 +355,86 @@ TEST(TransformerDecoderLayerTest, FailedStepLeavesTheCacheAsItWas) {
   EXPECT_EQ(cache.length(), 1) << "a failed step leaves the cache as it was";
   test::expect_error<ShapeError>([&] { layer.project_memory(x); },
                                  {"TransformerDecoderLayer::project_memory", "memory", "(*, *, 6)"});
+}
+
+// ---- The stack ----------------------------------------------------------------------------------------
+
+TransformerDecoderStackConfig small_stack_config() {
+  TransformerDecoderStackConfig cfg;
+  cfg.layer = small_decoder_config();
+  cfg.layer.norm_first = true;
+  cfg.num_layers = 2;
+  cfg.final_norm = true;
+  return cfg;
+}
+
+TEST(TransformerDecoderStackTest, EveryGradientMatchesFiniteDifferences) {
+  TransformerDecoderStack<double> stack(small_stack_config(), 31);
+  Random rng(32);
+  TransformerDecoderStackParams<double>& p = stack.params();
+  for (TransformerDecoderLayerParams<double>& layer : p.layers) randomize(layer, rng);
+  p.norm_weight = rng.uniform_tensor<double, 1>(p.norm_weight.shape(), 0.5, 1.5);
+  p.norm_bias = rng.uniform_tensor<double, 1>(p.norm_bias.shape());
+  Tensor<double, 3> x = rng.normal_tensor<double, 3>({2, 4, 8});
+  Tensor<double, 3> memory = rng.normal_tensor<double, 3>({2, 3, 6});
+  const Tensor<double, 3> weights = rng.normal_tensor<double, 3>({2, 4, 8});
+  AttentionOptions<double> source;
+  source.key_lengths = {3, 2};
+  const auto loss = [&] { return test::weighted_sum(stack.forward(x, memory, {}, source).output, weights); };
+  const auto g = stack.backward(weights, stack.forward(x, memory, {}, source));
+  expect_gradient("x", x, g.d_input, loss);
+  expect_gradient("memory (summed over the layers)", memory, g.d_memory, loss);
+  for (std::size_t i = 0; i < p.layers.size(); ++i)
+    for_each_decoder_param(p.layers[i], g.params.layers[i],
+                           [&](const std::string& name, auto& param, const auto& grad) {
+                             expect_gradient("layers." + std::to_string(i) + "." + name, param, grad, loss);
+                           });
+  expect_gradient("norm_weight", p.norm_weight, g.params.norm_weight, loss);
+  expect_gradient("norm_bias", p.norm_bias, g.params.norm_bias, loss);
+}
+
+TEST(TransformerDecoderStackTest, StepThroughEveryLayerEqualsTheForward) {
+  TransformerDecoderStack<double> stack(small_stack_config(), 33);
+  Random rng(34);
+  for (TransformerDecoderLayerParams<double>& layer : stack.params().layers) randomize(layer, rng);
+  const Tensor<double, 3> x = rng.normal_tensor<double, 3>({2, 6, 8});
+  const Tensor<double, 3> memory = rng.normal_tensor<double, 3>({2, 5, 6});
+  AttentionOptions<double> source;
+  source.key_lengths = {2, 5};
+  const Tensor<double, 3> full = stack.forward(x, memory, {}, source).output;
+  TransformerStackCache<double> cache = stack.make_cache(2);
+  const TransformerDecoderStackMemory<double> projected = stack.project_memory(memory);
+  ASSERT_EQ(projected.layers.size(), 2u);
+  Index done = 0;
+  for (Index piece : {2, 1, 3}) {
+    const TensorView<const double, 3> part(x.data() + done * 8, {2, piece, 8}, {48, 8, 1});
+    const Tensor<double, 3> y = stack.step(part, cache, projected, {}, source);
+    const TensorView<const double, 3> expected(full.data() + done * 8, {2, piece, 8}, {48, 8, 1});
+    EXPECT_TRUE(all_close(y, expected, 1e-12)) << "rows " << done << " to " << done + piece - 1;
+    done += piece;
+  }
+  EXPECT_EQ(cache.length(), 6);
+}
+
+TEST(TransformerDecoderStackTest, FailedStepLeavesEveryCacheAsItWas) {
+  TransformerDecoderStack<float> stack(small_stack_config());
+  Tensor<float, 3> x({1, 2, 8}), memory({1, 4, 6});
+  TransformerStackCache<float> cache = stack.make_cache(1);
+  TransformerDecoderStackMemory<float> projected = stack.project_memory(memory);
+  stack.step(x, cache, projected);
+  const char* fn = "TransformerDecoderStack::step";
+  AttentionOptions<float> source;
+  source.key_lengths = {7};
+  test::expect_error<std::invalid_argument>([&] { stack.step(x, cache, projected, {}, source); }, {fn, "key_lengths"});
+  projected.layers[1].keys = Tensor<float, 4>({1, 2, 4, 3});  // head dim 3, not 4
+  test::expect_error<ShapeError>([&] { stack.step(x, cache, projected); }, {fn, "memory.keys", "(1, 2, 4, 3)"});
+  projected.layers.pop_back();
+  test::expect_error<std::invalid_argument>([&] { stack.step(x, cache, projected); }, {fn, "memory", "holds 1 layers"});
+  for (const KVCache<float>& layer : cache.layers) EXPECT_EQ(layer.length(), 2) << "no layer stepped";
+  TransformerDecoderStackConfig cfg = small_stack_config();
+  cfg.num_layers = 0;
+  test::expect_error<std::invalid_argument>([&] { TransformerDecoderStack<float> s(cfg); },
+                                            {"TransformerDecoderStack", "cfg.num_layers"});
 }
 
 // ---- The module's memory entries ----------------------------------------------------------------------

@@ -35,6 +35,7 @@
 #include <selfattn/nn/multihead.hpp>
 #include <selfattn/nn/norm.hpp>
 #include <selfattn/nn/transformer_decoder_layer.hpp>
+#include <selfattn/nn/transformer_decoder_stack.hpp>
 #include <selfattn/nn/transformer_layer.hpp>
 #include <selfattn/nn/transformer_stack.hpp>
 #include <selfattn/options.hpp>

@@ -1,7 +1,7 @@
 /// \file
-/// PyTorch state dicts of nn.TransformerEncoderLayer, nn.TransformerEncoder and nn.TransformerDecoderLayer mapped to
-/// and from TransformerLayerParams, TransformerStackParams and TransformerDecoderLayerParams, so a PyTorch layer or
-/// encoder loads as it is.
+/// PyTorch state dicts of nn.TransformerEncoderLayer, nn.TransformerEncoder, nn.TransformerDecoderLayer and
+/// nn.TransformerDecoder mapped to and from the parameters of TransformerLayer, TransformerStack,
+/// TransformerDecoderLayer and TransformerDecoderStack, so a PyTorch layer, encoder or decoder loads as it is.
 ///
 /// The names of a layer (under a prefix), with E = embed_dim, F = ffn_dim (Fz = 2F for SwiGLU):
 ///
@@ -23,6 +23,7 @@
 #include <selfattn/io/state_dict.hpp>
 #include <selfattn/nn/activation.hpp>
 #include <selfattn/nn/transformer_decoder_layer.hpp>
+#include <selfattn/nn/transformer_decoder_stack.hpp>
 #include <selfattn/nn/transformer_layer.hpp>
 #include <selfattn/nn/transformer_stack.hpp>
 #include <selfattn/tensor.hpp>
@@ -209,6 +210,63 @@ StateDict<T> transformer_layer_state_dict(const TransformerLayerParams<T>& p, co
   return sd;
 }
 
+namespace detail {
+
+/// A stack's parameters from a state dict: StackParams (TransformerStackParams or TransformerDecoderStackParams) for
+/// `cfg`, every key under `prefix` a layer's (layers.i.* with i < N) or the final norm's.
+template <typename StackParams, typename T, typename Config>
+StackParams stack_params_from_state_dict(const char* fn, const StateDict<T>& sd, const Config& cfg,
+                                         const std::string& prefix) {
+  const Index e = cfg.layer.attention.embed_dim;
+  const bool norm_bias = cfg.final_norm && cfg.layer.bias && cfg.layer.norm == NormKind::layer_norm;
+  for (const auto& entry : sd) {  // every key: layers.i.* with i < N, or the final norm's
+    if (!has_prefix(entry.first, prefix)) continue;
+    const std::string rest = entry.first.substr(prefix.size());
+    if ((rest == "norm.weight" && cfg.final_norm) || (rest == "norm.bias" && norm_bias)) continue;
+    bool layer_key = false;
+    if (has_prefix(rest, "layers.")) {
+      const std::size_t dot = rest.find('.', 7);
+      const std::string digits = rest.substr(7, dot == std::string::npos ? std::string::npos : dot - 7);
+      layer_key = dot != std::string::npos && !digits.empty() && digits.size() < 10 &&
+                  std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+                  std::stoll(digits) < cfg.num_layers;
+    }
+    if (!layer_key)
+      throw_invalid(fn, entry.first,
+                    "unexpected key (expected layers.i.* for i < " + std::to_string(cfg.num_layers) +
+                        (cfg.final_norm ? ", norm.weight or norm.bias)" : "; the stack has no final norm)"));
+  }
+  StackParams p;
+  for (Index i = 0; i < cfg.num_layers; ++i)
+    p.layers.push_back(layer_params_from_state_dict(fn, sd, cfg.layer, prefix + "layers." + std::to_string(i) + "."));
+  if (cfg.final_norm) {
+    p.norm_weight = to_tensor<1>(state_dict_entry(fn, sd, prefix + "norm.weight", {e}), prefix + "norm.weight");
+    if (norm_bias)
+      p.norm_bias = to_tensor<1>(state_dict_entry(fn, sd, prefix + "norm.bias", {e}), prefix + "norm.bias");
+  }
+  return p;
+}
+
+/// The inverse mapping of stack_params_from_state_dict.
+template <typename T, typename StackParams, typename Config>
+StateDict<T> stack_state_dict(const char* fn, const StackParams& p, const Config& cfg, const std::string& prefix) {
+  if (static_cast<Index>(p.layers.size()) != cfg.num_layers)
+    throw_invalid(fn, "params.layers",
+                  "expected " + std::to_string(cfg.num_layers) + " layers, got " + std::to_string(p.layers.size()));
+  StateDict<T> sd;
+  for (std::size_t i = 0; i < p.layers.size(); ++i)
+    add_layer_state_dict(fn, sd, p.layers[i], cfg.layer, prefix + "layers." + std::to_string(i) + ".");
+  const Index e = cfg.layer.attention.embed_dim;
+  const bool norm_bias = cfg.final_norm && cfg.layer.bias && cfg.layer.norm == NormKind::layer_norm;
+  check_shape<1>(fn, "params.norm_weight", p.norm_weight.shape(), {cfg.final_norm ? e : 0});
+  check_shape<1>(fn, "params.norm_bias", p.norm_bias.shape(), {norm_bias ? e : 0});
+  if (cfg.final_norm) sd[prefix + "norm.weight"] = state_dict_array(p.norm_weight);
+  if (norm_bias) sd[prefix + "norm.bias"] = state_dict_array(p.norm_bias);
+  return sd;
+}
+
+}  // namespace detail
+
 /// \brief Maps the state dict of a PyTorch nn.TransformerEncoder to TransformerStackParams for `cfg`.
 ///
 /// The keys, under `prefix`: those of layer i prefixed with "layers.i." for i = 0 .. N-1 (layers.0.linear1.weight),
@@ -217,34 +275,8 @@ template <typename T>
 TransformerStackParams<T> transformer_stack_params_from_state_dict(const StateDict<T>& sd,
                                                                    const TransformerStackConfig& cfg,
                                                                    const std::string& prefix = "") {
-  const char* fn = "transformer_stack_params_from_state_dict";
-  const Index e = cfg.layer.attention.embed_dim;
-  const bool norm_bias = cfg.final_norm && cfg.layer.bias && cfg.layer.norm == NormKind::layer_norm;
-  for (const auto& entry : sd) {  // every key: layers.i.* with i < N, or the final norm's
-    if (!detail::has_prefix(entry.first, prefix)) continue;
-    const std::string rest = entry.first.substr(prefix.size());
-    if ((rest == "norm.weight" && cfg.final_norm) || (rest == "norm.bias" && norm_bias)) continue;
-    bool layer_key = false;
-    if (detail::has_prefix(rest, "layers.")) {
-      const std::size_t dot = rest.find('.', 7);
-      const std::string digits = rest.substr(7, dot == std::string::npos ? std::string::npos : dot - 7);
-      layer_key = dot != std::string::npos && !digits.empty() && digits.size() < 10 &&
-                  std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
-                  std::stoll(digits) < cfg.num_layers;
-    }
-    if (!layer_key)
-      detail::throw_invalid(fn, entry.first,
-                            "unexpected key (expected layers.i.* for i < " + std::to_string(cfg.num_layers) +
-                                (cfg.final_norm ? ", norm.weight or norm.bias)" : "; the stack has no final norm)"));
-  }
-  TransformerStackParams<T> p;
-  for (Index i = 0; i < cfg.num_layers; ++i)
-    p.layers.push_back(detail::layer_params_from_state_dict(fn, sd, cfg.layer, prefix + "layers." + std::to_string(i) + "."));
-  if (cfg.final_norm) {
-    p.norm_weight = to_tensor<1>(detail::state_dict_entry(fn, sd, prefix + "norm.weight", {e}), prefix + "norm.weight");
-    if (norm_bias) p.norm_bias = to_tensor<1>(detail::state_dict_entry(fn, sd, prefix + "norm.bias", {e}), prefix + "norm.bias");
-  }
-  return p;
+  return detail::stack_params_from_state_dict<TransformerStackParams<T>>("transformer_stack_params_from_state_dict", sd,
+                                                                         cfg, prefix);
 }
 
 /// \brief Loads a state dict into a stack; on error the stack is unchanged.
@@ -261,20 +293,7 @@ void load_state_dict(TransformerStack<T>& stack, const StateDict<T>& sd, const s
 template <typename T>
 StateDict<T> transformer_stack_state_dict(const TransformerStackParams<T>& p, const TransformerStackConfig& cfg,
                                           const std::string& prefix = "") {
-  const char* fn = "transformer_stack_state_dict";
-  if (static_cast<Index>(p.layers.size()) != cfg.num_layers)
-    detail::throw_invalid(fn, "params.layers",
-                          "expected " + std::to_string(cfg.num_layers) + " layers, got " + std::to_string(p.layers.size()));
-  StateDict<T> sd;
-  for (std::size_t i = 0; i < p.layers.size(); ++i)
-    detail::add_layer_state_dict(fn, sd, p.layers[i], cfg.layer, prefix + "layers." + std::to_string(i) + ".");
-  const Index e = cfg.layer.attention.embed_dim;
-  const bool norm_bias = cfg.final_norm && cfg.layer.bias && cfg.layer.norm == NormKind::layer_norm;
-  detail::check_shape<1>(fn, "params.norm_weight", p.norm_weight.shape(), {cfg.final_norm ? e : 0});
-  detail::check_shape<1>(fn, "params.norm_bias", p.norm_bias.shape(), {norm_bias ? e : 0});
-  if (cfg.final_norm) sd[prefix + "norm.weight"] = detail::state_dict_array(p.norm_weight);
-  if (norm_bias) sd[prefix + "norm.bias"] = detail::state_dict_array(p.norm_bias);
-  return sd;
+  return detail::stack_state_dict<T>("transformer_stack_state_dict", p, cfg, prefix);
 }
 
 /// \brief Maps the state dict of a PyTorch nn.TransformerDecoderLayer (keys under `prefix`) to
@@ -303,6 +322,29 @@ StateDict<T> transformer_decoder_layer_state_dict(const TransformerDecoderLayerP
   StateDict<T> sd;
   detail::add_layer_state_dict("transformer_decoder_layer_state_dict", sd, p, cfg, prefix);
   return sd;
+}
+
+/// \brief Maps the state dict of a PyTorch nn.TransformerDecoder (layers.i.* as a decoder layer's, norm.weight,
+/// norm.bias) to TransformerDecoderStackParams for `cfg`; strict.
+template <typename T>
+TransformerDecoderStackParams<T> transformer_decoder_stack_params_from_state_dict(
+    const StateDict<T>& sd, const TransformerDecoderStackConfig& cfg, const std::string& prefix = "") {
+  return detail::stack_params_from_state_dict<TransformerDecoderStackParams<T>>(
+      "transformer_decoder_stack_params_from_state_dict", sd, cfg, prefix);
+}
+
+/// \brief Loads a state dict into a decoder stack; on error the stack is unchanged.
+template <typename T>
+void load_state_dict(TransformerDecoderStack<T>& stack, const StateDict<T>& sd, const std::string& prefix = "") {
+  stack.params() = transformer_decoder_stack_params_from_state_dict(sd, stack.config(), prefix);
+}
+
+/// \brief The inverse mapping: a decoder stack's parameters (or gradients) under PyTorch's names.
+template <typename T>
+StateDict<T> transformer_decoder_stack_state_dict(const TransformerDecoderStackParams<T>& p,
+                                                  const TransformerDecoderStackConfig& cfg,
+                                                  const std::string& prefix = "") {
+  return detail::stack_state_dict<T>("transformer_decoder_stack_state_dict", p, cfg, prefix);
 }
 
 }  // namespace selfattn

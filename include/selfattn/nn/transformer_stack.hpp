@@ -12,6 +12,7 @@
 #include <selfattn/nn/module_input.hpp>
 #include <selfattn/nn/module_options.hpp>
 #include <selfattn/nn/norm.hpp>
+#include <selfattn/nn/residual_sublayer.hpp>
 #include <selfattn/nn/transformer_layer.hpp>
 #include <selfattn/options.hpp>
 #include <selfattn/tensor.hpp>
@@ -98,6 +99,54 @@ struct TransformerStackCache {
   }
 };
 
+namespace detail {
+
+/// Layer i's dropout seed in a stack: independent streams per layer from the one opts.seed.
+inline std::uint64_t stack_layer_seed(std::uint64_t seed, std::size_t i) {
+  return mix64(seed + 0x9e3779b97f4a7c15ULL * (static_cast<std::uint64_t>(i) + 1));
+}
+
+/// A stack's caches must be one per layer, made alike and holding the same sequences, for x_new (B, Lnew, E):
+/// checked before any layer steps, so that an argument error leaves every cache as it was.
+template <typename T, typename S>
+void check_stack_cache(const char* function, Index num_layers, Index embed_dim, const TensorView<const T, 3>& x,
+                       const TransformerStackCache<T, S>& cache) {
+  if (static_cast<Index>(cache.layers.size()) != num_layers)
+    throw_invalid(function, "cache",
+                  "holds " + std::to_string(cache.layers.size()) + " layers, the stack has " +
+                      std::to_string(num_layers) + " (use make_cache)");
+  check_shape<3>(function, "x_new", x.shape(), {cache.layers.front().batch(), any_extent, embed_dim});
+  const KVCache<T, S>& first = cache.layers.front();
+  for (std::size_t i = 1; i < cache.layers.size(); ++i) {
+    const KVCache<T, S>& c = cache.layers[i];
+    if (c.batch() != first.batch() || c.kv_heads() != first.kv_heads() || c.head_dim() != first.head_dim() ||
+        c.lengths() != first.lengths() || c.policy().capacity != first.policy().capacity ||
+        c.policy().window != first.policy().window || c.policy().sink_tokens != first.policy().sink_tokens)
+      throw_invalid(function, "cache.layers[" + std::to_string(i) + "]",
+                    "differs from layer 0's cache (shape, lengths or policy); use make_cache");
+  }
+}
+
+/// Runs step_layer(i) for every layer in order; if one throws, the keep-all caches of the layers before it go back to
+/// the lengths they had (an evicting cache cannot: its arguments were checked before any layer stepped).
+template <typename T, typename S, typename StepLayer>
+void step_every_layer(TransformerStackCache<T, S>& cache, StepLayer&& step_layer) {
+  std::vector<std::vector<Index>> lengths_before;
+  for (const KVCache<T, S>& c : cache.layers) lengths_before.push_back(c.lengths());
+  std::size_t i = 0;
+  try {
+    for (; i < cache.layers.size(); ++i) step_layer(i);
+  } catch (...) {  // layers before i appended already: a keep-all cache goes back to where it was
+    for (std::size_t j = 0; j < i; ++j)
+      if (!cache.layers[j].policy().evicts())
+        for (std::size_t b = 0; b < lengths_before[j].size(); ++b)
+          cache.layers[j].truncate(static_cast<Index>(b), lengths_before[j][b]);
+    throw;
+  }
+}
+
+}  // namespace detail
+
 /// \brief N transformer layers of one configuration and an optional final norm.
 ///
 /// Shapes: forward(x (B, L, E), opts) -> output (B, L, E); step(x_new (B, Lnew, E), cache) -> (B, Lnew, E).
@@ -156,7 +205,7 @@ class TransformerStack {
       f.layers.reserve(params_.layers.size());
       AttentionOptions<T> layer_opts = opts;
       for (std::size_t i = 0; i < params_.layers.size(); ++i) {
-        layer_opts.seed = layer_seed(opts.seed, i);
+        layer_opts.seed = detail::stack_layer_seed(opts.seed, i);
         // Layer i + 1 keeps its own copy of layer i's output as its input, so copies of `f` stay valid.
         if (i == 0)
           f.layers.push_back(layer_.forward_with(params_.layers[0], std::forward<X>(x), layer_opts));
@@ -165,9 +214,8 @@ class TransformerStack {
       }
       const Tensor<T, 3>& last = f.layers.back().output;
       if (config_.final_norm) {
-        f.output = Tensor<T, 3>(last.shape());
-        detail::norm_forward_into<T>(config_.layer.norm, static_cast<T>(config_.layer.norm_eps), last.view(),
-                                     params_.norm_weight.view(), params_.norm_bias.view(), f.output.view(), f.final_norm);
+        f.output = detail::norm_inference<T, T>(config_.layer.norm, static_cast<T>(config_.layer.norm_eps), last.view(),
+                                                params_.norm_weight, params_.norm_bias, f.final_norm);
       } else {
         f.output = last;
       }
@@ -185,15 +233,9 @@ class TransformerStack {
       detail::check_shape<3>(backward_name, "dout", detail::const_view(dout).shape(), f.output.shape());
       check_params(backward_name);
       Tensor<T, 3> dy(detail::const_view(dout));
-      if (config_.final_norm) {  // y = norm(h):  dh = norm'(dy)
-        const Tensor<T, 3>& last = f.layers.back().output;
-        Tensor<T, 3> dh(last.shape());
-        g.params.norm_weight = Tensor<T, 1>(params_.norm_weight.shape());
-        g.params.norm_bias = Tensor<T, 1>(params_.norm_bias.shape());
-        detail::norm_backward_into<T>(config_.layer.norm, last.view(), f.final_norm, params_.norm_weight.view(),
-                                      dy.view(), dh.view(), g.params.norm_weight.view(), g.params.norm_bias.view());
-        dy = std::move(dh);
-      }
+      if (config_.final_norm)  // y = norm(h):  dh = norm'(dy)
+        dy = detail::norm_backward<T>(final_norm(), f.layers.back().output.view(), f.final_norm, params_.norm_weight,
+                                      dy.view(), g.params.norm_weight, g.params.norm_bias);
       g.params.layers.resize(params_.layers.size());
       for (std::size_t i = params_.layers.size(); i-- > 0;) {
         TransformerLayerGradients<T> layer = layer_.backward_with(params_.layers[i], dy, f.layers[i]);
@@ -255,22 +297,12 @@ class TransformerStack {
       Tensor<T, 3> y;
       const TensorView<const T, 3> x = detail::const_view(x_new);
       check_params(step_name, parameters);
-      check_cache(x, cache);
+      detail::check_stack_cache(step_name, config_.num_layers, embed_dim(), x, cache);
       detail::check_step_options(step_name, opts);
-      std::vector<std::vector<Index>> lengths_before;
-      for (const KVCache<T, S>& c : cache.layers) lengths_before.push_back(c.lengths());
-      std::size_t i = 0;
-      try {
-        for (; i < parameters.layers.size(); ++i)
-          y = i == 0 ? layer_.step_with(parameters.layers[0], x, cache.layers[0], opts, new_tokens)
-                     : layer_.step_with(parameters.layers[i], y, cache.layers[i], opts, new_tokens);
-      } catch (...) {  // layers before i appended already: a keep-all cache goes back to where it was
-        for (std::size_t j = 0; j < i; ++j)
-          if (!cache.layers[j].policy().evicts())
-            for (std::size_t b = 0; b < lengths_before[j].size(); ++b)
-              cache.layers[j].truncate(static_cast<Index>(b), lengths_before[j][b]);
-        throw;
-      }
+      detail::step_every_layer(cache, [&](std::size_t i) {
+        y = i == 0 ? layer_.step_with(parameters.layers[0], x, cache.layers[0], opts, new_tokens)
+                   : layer_.step_with(parameters.layers[i], y, cache.layers[i], opts, new_tokens);
+      });
       if (config_.final_norm) {
         detail::NormStatistics<T> stats;
         y = detail::norm_inference<T, P>(config_.layer.norm, static_cast<T>(config_.layer.norm_eps), y.view(),
@@ -286,10 +318,8 @@ class TransformerStack {
   static constexpr const char* step_name = "TransformerStack::step";
 
   bool has_norm_bias() const { return config_.layer.bias && config_.layer.norm == NormKind::layer_norm; }
-
-  /// Layer i's dropout seed: independent streams per layer from the one opts.seed.
-  static std::uint64_t layer_seed(std::uint64_t seed, std::size_t i) {
-    return detail::mix64(seed + 0x9e3779b97f4a7c15ULL * (static_cast<std::uint64_t>(i) + 1));
+  detail::SublayerNorm<T> final_norm() const {
+    return {config_.layer.norm, static_cast<T>(config_.layer.norm_eps), false, has_norm_bias()};
   }
 
   void check_params(const char* function) const { check_params(function, params_); }
@@ -305,26 +335,6 @@ class TransformerStack {
     detail::check_norm_param(function, "params().norm_weight", parameters.norm_weight, config_.final_norm, e);
     detail::check_norm_param(function, "params().norm_bias", parameters.norm_bias, config_.final_norm && has_norm_bias(),
                              e);
-  }
-
-  /// Every layer's cache must be one of this stack's, holding the same sequences: checked before any layer steps,
-  /// so that an argument error leaves every cache as it was.
-  template <typename S>
-  void check_cache(const TensorView<const T, 3>& x, const TransformerStackCache<T, S>& cache) const {
-    if (static_cast<Index>(cache.layers.size()) != config_.num_layers)
-      detail::throw_invalid(step_name, "cache",
-                            "holds " + std::to_string(cache.layers.size()) + " layers, the stack has " +
-                                std::to_string(config_.num_layers) + " (use make_cache)");
-    detail::check_shape<3>(step_name, "x_new", x.shape(), {cache.layers.front().batch(), detail::any_extent, embed_dim()});
-    const KVCache<T, S>& first = cache.layers.front();
-    for (std::size_t i = 1; i < cache.layers.size(); ++i) {
-      const KVCache<T, S>& c = cache.layers[i];
-      if (c.batch() != first.batch() || c.kv_heads() != first.kv_heads() || c.head_dim() != first.head_dim() ||
-          c.lengths() != first.lengths() || c.policy().capacity != first.policy().capacity ||
-          c.policy().window != first.policy().window || c.policy().sink_tokens != first.policy().sink_tokens)
-        detail::throw_invalid(step_name, "cache.layers[" + std::to_string(i) + "]",
-                              "differs from layer 0's cache (shape, lengths or policy); use make_cache");
-    }
   }
 
   TransformerStackConfig config_;
