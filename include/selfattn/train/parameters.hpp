@@ -1,7 +1,8 @@
 /// \file
 /// The trainable tensors of a model beside their gradients, as a flat list that an optimizer (train/adamw.hpp) and
 /// gradient clipping walk: ParameterRef, add_parameter, add_parameters for the modules' parameter structs (every
-/// tensor of a MultiHeadAttention, a TransformerLayer, a TransformerStack), and clipping by the global norm.
+/// tensor of a MultiHeadAttention, a TransformerLayer, a TransformerStack, a TransformerDecoderLayer or a
+/// TransformerDecoderStack), and clipping by the global norm.
 ///
 /// A list holds pointers into the tensors: it is valid while the parameters and the gradients it was made from
 /// live and keep their storage. Gradients come new from every backward, so build the list after each backward
@@ -18,6 +19,8 @@
 
 #include <selfattn/errors.hpp>
 #include <selfattn/nn/multihead.hpp>
+#include <selfattn/nn/transformer_decoder_layer.hpp>
+#include <selfattn/nn/transformer_decoder_stack.hpp>
 #include <selfattn/nn/transformer_layer.hpp>
 #include <selfattn/nn/transformer_stack.hpp>
 #include <selfattn/tensor.hpp>
@@ -69,10 +72,10 @@ void append_parameters(std::vector<ParameterRef<T>>& list, MhaParams<T>& params,
   add_parameter(list, prefix + "out_bias", params.out_bias, grads.out_bias, false);
 }
 
-template <typename T>
-void append_parameters(std::vector<ParameterRef<T>>& list, TransformerLayerParams<T>& params,
-                       TransformerLayerParams<T>& grads, const std::string& prefix) {
-  append_parameters(list, params.self_attn, grads.self_attn, prefix + "self_attn.");
+/// The FFN's and the first two norms' tensors, shared by the encoder and the decoder layer.
+template <typename T, typename LayerParams>
+void append_ffn_and_norms(std::vector<ParameterRef<T>>& list, LayerParams& params, LayerParams& grads,
+                          const std::string& prefix) {
   add_parameter(list, prefix + "linear1_weight", params.linear1_weight, grads.linear1_weight, true);
   add_parameter(list, prefix + "linear1_bias", params.linear1_bias, grads.linear1_bias, false);
   add_parameter(list, prefix + "linear2_weight", params.linear2_weight, grads.linear2_weight, true);
@@ -84,8 +87,26 @@ void append_parameters(std::vector<ParameterRef<T>>& list, TransformerLayerParam
 }
 
 template <typename T>
-void append_parameters(std::vector<ParameterRef<T>>& list, TransformerStackParams<T>& params,
-                       TransformerStackParams<T>& grads, const std::string& prefix) {
+void append_parameters(std::vector<ParameterRef<T>>& list, TransformerLayerParams<T>& params,
+                       TransformerLayerParams<T>& grads, const std::string& prefix) {
+  append_parameters(list, params.self_attn, grads.self_attn, prefix + "self_attn.");
+  append_ffn_and_norms(list, params, grads, prefix);
+}
+
+template <typename T>
+void append_parameters(std::vector<ParameterRef<T>>& list, TransformerDecoderLayerParams<T>& params,
+                       TransformerDecoderLayerParams<T>& grads, const std::string& prefix) {
+  append_parameters(list, params.self_attn, grads.self_attn, prefix + "self_attn.");
+  append_parameters(list, params.multihead_attn, grads.multihead_attn, prefix + "multihead_attn.");
+  append_ffn_and_norms(list, params, grads, prefix);
+  add_parameter(list, prefix + "norm3_weight", params.norm3_weight, grads.norm3_weight, false);
+  add_parameter(list, prefix + "norm3_bias", params.norm3_bias, grads.norm3_bias, false);
+}
+
+/// A stack's layers under "layers.i.", then its final norm (TransformerStackParams, TransformerDecoderStackParams).
+template <typename T, typename StackParams>
+void append_stack_parameters(std::vector<ParameterRef<T>>& list, StackParams& params, StackParams& grads,
+                             const std::string& prefix) {
   if (grads.layers.size() != params.layers.size())
     throw_invalid("add_parameters", "grads.layers",
                   "expected " + std::to_string(params.layers.size()) + " layers, got " +
@@ -96,45 +117,42 @@ void append_parameters(std::vector<ParameterRef<T>>& list, TransformerStackParam
   add_parameter(list, prefix + "norm_bias", params.norm_bias, grads.norm_bias, false);
 }
 
+template <typename T>
+void append_parameters(std::vector<ParameterRef<T>>& list, TransformerStackParams<T>& params,
+                       TransformerStackParams<T>& grads, const std::string& prefix) {
+  append_stack_parameters(list, params, grads, prefix);
+}
+
+template <typename T>
+void append_parameters(std::vector<ParameterRef<T>>& list, TransformerDecoderStackParams<T>& params,
+                       TransformerDecoderStackParams<T>& grads, const std::string& prefix) {
+  append_stack_parameters(list, params, grads, prefix);
+}
+
 }  // namespace detail
 
-/// \brief Appends every tensor of a TransformerStack's parameters beside its gradient; on an error `list` is unchanged.
+/// \brief Appends every tensor of a model's parameters beside its gradient: MhaParams, TransformerLayerParams,
+/// TransformerStackParams, TransformerDecoderLayerParams or TransformerDecoderStackParams. On an error `list` is
+/// unchanged.
 ///
-/// The names, each starting with `prefix`: layer i's tensors under "layers.i." (as for TransformerLayerParams
-/// below), then the final norm's `norm_weight`, `norm_bias`. Weight decay applies to the matrices only, never to
-/// biases and norm weights (the usual choice for AdamW). Absent tensors (the biases of a module without them) are
-/// skipped. Throws ShapeError naming the tensor when a gradient's shape differs from its parameter's,
-/// std::invalid_argument naming `grads.layers` when the gradients hold another number of layers.
+/// The names, each starting with `prefix`, are those of the parameter structs:
+/// - an attention's `q_weight`, `k_weight`, `v_weight`, `out_weight`, `q_bias`, `k_bias`, `v_bias`, `out_bias`;
+/// - a layer's attention under "self_attn." (a decoder layer's cross-attention under "multihead_attn."), then
+///   `linear1_weight`, `linear1_bias`, `linear2_weight`, `linear2_bias`, `norm1_weight`, `norm1_bias`,
+///   `norm2_weight`, `norm2_bias` (and a decoder layer's `norm3_weight`, `norm3_bias`);
+/// - a stack's layer i under "layers.i.", then the final norm's `norm_weight`, `norm_bias`.
 ///
-/// Shapes: `grads` has the shapes of `params` (what the stack's backward returns).
+/// Weight decay applies to the matrices only, never to biases and norm weights (the usual choice for AdamW).
+/// Absent tensors (the biases of a module without them) are skipped. Throws ShapeError naming the tensor when a
+/// gradient's shape differs from its parameter's, std::invalid_argument naming `grads.layers` when a stack's
+/// gradients hold another number of layers.
+///
+/// Shapes: `grads` has the shapes of `params` (what the model's backward returns).
 /// \code
 /// add_parameters(params, stack.params(), g.params, "stack.");   // "stack.layers.0.self_attn.q_weight", ...
 /// \endcode
-template <typename T>
-void add_parameters(std::vector<ParameterRef<T>>& list, TransformerStackParams<T>& params,
-                    TransformerStackParams<T>& grads, const std::string& prefix = "") {
-  std::vector<ParameterRef<T>> added;
-  detail::append_parameters(added, params, grads, prefix);
-  list.insert(list.end(), added.begin(), added.end());
-}
-
-/// \brief Appends every tensor of a TransformerLayer's parameters beside its gradient; on an error `list` is
-/// unchanged. Names: the attention's under `prefix` + "self_attn." (as for MhaParams below), then `prefix` +
-/// `linear1_weight`, `linear1_bias`, `linear2_weight`, `linear2_bias`, `norm1_weight`, `norm1_bias`,
-/// `norm2_weight`, `norm2_bias`; decay on the two linear weights only. Errors as for a stack.
-template <typename T>
-void add_parameters(std::vector<ParameterRef<T>>& list, TransformerLayerParams<T>& params,
-                    TransformerLayerParams<T>& grads, const std::string& prefix = "") {
-  std::vector<ParameterRef<T>> added;
-  detail::append_parameters(added, params, grads, prefix);
-  list.insert(list.end(), added.begin(), added.end());
-}
-
-/// \brief Appends every tensor of a MultiHeadAttention's parameters beside its gradient; on an error `list` is
-/// unchanged. Names: `prefix` + `q_weight`, `k_weight`, `v_weight`, `out_weight` (with decay), `q_bias`, `k_bias`,
-/// `v_bias`, `out_bias` (without). Errors as for a stack.
-template <typename T>
-void add_parameters(std::vector<ParameterRef<T>>& list, MhaParams<T>& params, MhaParams<T>& grads,
+template <typename T, template <typename> class Params>
+void add_parameters(std::vector<ParameterRef<T>>& list, Params<T>& params, Params<T>& grads,
                     const std::string& prefix = "") {
   std::vector<ParameterRef<T>> added;
   detail::append_parameters(added, params, grads, prefix);
