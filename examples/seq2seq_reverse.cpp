@@ -55,10 +55,15 @@ std::string text_of(const Word& w) {
   return s;
 }
 
-Word random_word(std::mt19937_64& rng) {
-  std::uniform_int_distribution<Index> length(min_length, max_length), letter(0, letters - 1);
-  Word w(static_cast<std::size_t>(length(rng)));
-  for (Index& t : w) t = letter(rng);
+// Draws from mt19937_64's raw output, which the standard fixes (its distributions are not): the same seed gives
+// the same strings and weights with every standard library.
+using Rng = std::mt19937_64;
+Index below(Rng& rng, Index n) { return static_cast<Index>(rng() % static_cast<std::uint64_t>(n)); }
+double uniform01(Rng& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
+
+Word random_word(Rng& rng) {
+  Word w(static_cast<std::size_t>(min_length + below(rng, max_length - min_length + 1)));
+  for (Index& t : w) t = below(rng, letters);
   return w;
 }
 
@@ -129,13 +134,15 @@ struct Model {
         head_weight({vocabulary, embed_dim}),
         head_bias({vocabulary}),
         positions(sinusoidal_encoding<float>(max_length + 1, embed_dim)) {
-    std::mt19937_64 rng(seed + 200);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    for (Tensor<float, 2>* t : {&source_table, &target_table})
-      std::generate_n(t->data(), t->size(), [&] { return normal(rng); });
-    const float bound = 1.0f / std::sqrt(static_cast<float>(embed_dim));
-    std::uniform_real_distribution<float> uniform(-bound, bound);
-    std::generate_n(head_weight.data(), head_weight.size(), [&] { return uniform(rng); });
+    Rng rng(seed + 200);
+    const auto normal = [&] {  // Box-Muller
+      const double u = std::max(uniform01(rng), 0x1.0p-53), v = uniform01(rng);
+      return static_cast<float>(std::sqrt(-2.0 * std::log(u)) * std::cos(6.283185307179586 * v));
+    };
+    for (Tensor<float, 2>* t : {&source_table, &target_table}) std::generate_n(t->data(), t->size(), normal);
+    const double bound = 1.0 / std::sqrt(static_cast<double>(embed_dim));  // nn.Linear's U(-1/sqrt(E), 1/sqrt(E))
+    std::generate_n(head_weight.data(), head_weight.size(),
+                    [&] { return static_cast<float>(bound * (2 * uniform01(rng) - 1)); });
   }
 
   // Embedding plus the position of each row (row l at position offset + l).
@@ -229,7 +236,7 @@ int main(int argc, char** argv) {
 
   // ---- training ----
   Model model(seed);
-  std::mt19937_64 rng(seed);
+  Rng rng(seed);
   std::set<Word> seen;
   constexpr Index steps = 700, batch_size = 32;
   AdamWConfig adamw_config;
@@ -258,7 +265,7 @@ int main(int argc, char** argv) {
 
   // ---- held-out strings: never drawn in training ----
   std::vector<Word> held_out;
-  std::mt19937_64 test_rng(seed + 7777);
+  Rng test_rng(seed + 7777);
   while (held_out.size() < 500) {
     Word w = random_word(test_rng);
     if (seen.count(w) == 0) held_out.push_back(w);
