@@ -19,16 +19,12 @@
 #include <array>
 #include <string>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
 
-using test::all_close;
-using test::expect_error;
-using test::Random;
-
 template <typename T>
-class AttendWithWeightsTest : public ::testing::Test {};
-TYPED_TEST_SUITE(AttendWithWeightsTest, test::Scalars, );
+using AttendWithWeightsTest = ScalarTest<T>;
+TYPED_TEST_SUITE(AttendWithWeightsTest, Scalars, );
 
 template <typename T>
 double tolerance() {
@@ -177,4 +173,4 @@ TYPED_TEST(AttendWithWeightsTest, ShapeErrorsNameV) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

@@ -17,24 +17,12 @@
 #include <string>
 #include <vector>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
 
-using test::all_close;
-using test::default_tolerance;
-using test::expect_error;
-using test::Random;
-
 template <typename T>
-class AttentionTest : public ::testing::Test {};
-TYPED_TEST_SUITE(AttentionTest, test::Scalars, );
-
-using test::make_options;
-using test::MaskedOptions;
-using test::MaskKind;
-using test::Shape;
-using test::mask_kinds;
-using test::sweep_shapes;
+using AttentionTest = ScalarTest<T>;
+TYPED_TEST_SUITE(AttentionTest, Scalars, );
 
 TYPED_TEST(AttentionTest, ReferenceMatchesBruteForceOverSweep) {
   using T = TypeParam;
@@ -343,7 +331,6 @@ TYPED_TEST(AttentionTest, EmptyExtentsGiveEmptyOrZeroResults) {
 
 // ---- validation ------------------------------------------------------------------------------------
 
-
 TYPED_TEST(AttentionTest, BadShapesThrowShapeErrorNamingTheArgument) {
   using T = TypeParam;
   const Tensor<T, 4> q({2, 4, 5, 8}), k({2, 2, 6, 8}), v({2, 2, 6, 3});
@@ -391,4 +378,4 @@ TYPED_TEST(AttentionTest, BadOptionsThrowNamingTheOption) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

@@ -14,14 +14,12 @@
 #include <thread>
 #include <vector>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
 
-using test::Random;
-
 template <typename T>
-class ConcurrencyTest : public ::testing::Test {};
-TYPED_TEST_SUITE(ConcurrencyTest, test::Scalars, );
+using ConcurrencyTest = ScalarTest<T>;
+TYPED_TEST_SUITE(ConcurrencyTest, Scalars, );
 
 constexpr int thread_count = 8;
 
@@ -222,4 +220,4 @@ TYPED_TEST(ConcurrencyTest, StackForwardBackwardAndStepOnOneConstStackEqualSeria
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

@@ -19,17 +19,14 @@
 #include <string>
 #include <vector>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
 
 using detail::DecodePath;
-using test::all_close;
-using test::default_tolerance;
-using test::Random;
 
 template <typename T>
-class DecodeKernelTest : public ::testing::Test {};
-TYPED_TEST_SUITE(DecodeKernelTest, test::Scalars, );
+using DecodeKernelTest = ScalarTest<T>;
+TYPED_TEST_SUITE(DecodeKernelTest, Scalars, );
 
 struct DecodeCase {
   Index B, H, Hkv, Lq, Lk, D, Dv;
@@ -309,4 +306,4 @@ TYPED_TEST(DecodeKernelTest, FallsBackToTheGeneralPathForBiasMaskAndDropout) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

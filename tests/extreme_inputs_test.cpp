@@ -26,17 +26,12 @@
 #include <utility>
 #include <vector>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
 
-using test::all_close;
-using test::default_tolerance;
-using test::expect_error;
-using test::Random;
-
 template <typename T>
-class ExtremeInputsTest : public ::testing::Test {};
-TYPED_TEST_SUITE(ExtremeInputsTest, test::Scalars, );
+using ExtremeInputsTest = ScalarTest<T>;
+TYPED_TEST_SUITE(ExtremeInputsTest, Scalars, );
 
 // Every forward kernel of the public dispatch; the decode kernel's backward is the fused one.
 const std::vector<Kernel> kernels = {Kernel::reference, Kernel::fused, Kernel::decode};
@@ -1170,4 +1165,4 @@ TYPED_TEST(ExtremeInputsTest, StepInputViewingTheCacheItselfEqualsACopy) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

@@ -31,11 +31,8 @@
 #include <type_traits>
 #include <vector>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
-
-using test::MaskKind;
-using test::Random;
 
 template <typename S>
 class HalfPrecisionTest : public ::testing::Test {};
@@ -1016,4 +1013,4 @@ TYPED_TEST(HalfPrecisionTest, ErrorsNameTheArgument) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

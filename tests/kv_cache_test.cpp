@@ -20,17 +20,12 @@
 #include <string>
 #include <vector>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
 
-using test::all_close;
-using test::default_tolerance;
-using test::expect_error;
-using test::Random;
-
 template <typename T>
-class KVCacheTest : public ::testing::Test {};
-TYPED_TEST_SUITE(KVCacheTest, test::Scalars, );
+using KVCacheTest = ScalarTest<T>;
+TYPED_TEST_SUITE(KVCacheTest, Scalars, );
 
 // Rows [begin, end) of every batch of x (B, L, E).
 template <typename T>
@@ -561,4 +556,4 @@ TEST(KVCacheSizeLimits, WorkspaceSizesThatWrapThrowLengthError) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

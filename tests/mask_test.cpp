@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
 
 using detail::KeyRange;
@@ -160,8 +160,8 @@ Tensor<U, 4> expand(const Tensor<U, 3>& m, Index batch, Index heads) {
 }
 
 template <typename T>
-class MaskRankTest : public ::testing::Test {};
-TYPED_TEST_SUITE(MaskRankTest, test::Scalars, );
+using MaskRankTest = ScalarTest<T>;
+TYPED_TEST_SUITE(MaskRankTest, Scalars, );
 
 const char* kernel_name(Kernel kernel) {
   return kernel == Kernel::reference ? "reference" : kernel == Kernel::fused ? "fused" : "decode";
@@ -305,4 +305,4 @@ TEST(MaskRankTest, RankTwoAndThreeMasksOfTheWrongShapeThrowNamingThem) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

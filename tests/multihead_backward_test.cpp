@@ -14,14 +14,8 @@
 #include <string>
 #include <vector>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
-
-using test::all_close;
-using test::gradient_tolerance;
-using test::numerical_gradient;
-using test::Random;
-using test::weighted_sum;
 
 // ---- PyTorch autograd conformance ----------------------------------------------------------------
 
@@ -249,4 +243,4 @@ TEST(LinearBackwardTest, GradientsMatchFiniteDifferences) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

@@ -18,13 +18,8 @@
 #include <utility>
 #include <vector>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
-
-using test::all_close;
-using test::default_tolerance;
-using test::expect_error;
-using test::Random;
 
 // ---- PyTorch conformance -------------------------------------------------------------------------
 
@@ -59,8 +54,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, PyTorchConformance,
 // ---- helpers -------------------------------------------------------------------------------------
 
 template <typename T>
-class MultiHeadTest : public ::testing::Test {};
-TYPED_TEST_SUITE(MultiHeadTest, test::Scalars, );
+using MultiHeadTest = ScalarTest<T>;
+TYPED_TEST_SUITE(MultiHeadTest, Scalars, );
 
 // Rows of x (B, L, E) reordered: result row l is x row order[l], in every batch.
 template <typename T>
@@ -180,8 +175,6 @@ TYPED_TEST(MultiHeadTest, CausalRowIgnoresLaterTokens) {
 }
 
 // ---- the module against its parts ----------------------------------------------------------------
-
-using test::module_by_hand;
 
 TYPED_TEST(MultiHeadTest, ModuleMatchesItsPartsAcrossConfigurations) {
   using T = TypeParam;
@@ -370,7 +363,6 @@ TYPED_TEST(MultiHeadTest, StridedInputViewsEqualContiguousCopies) {
 
 // ---- errors ----------------------------------------------------------------------------------------
 
-
 TYPED_TEST(MultiHeadTest, BadConfigurationsThrowNamingTheField) {
   using T = TypeParam;
   const auto make = [](auto change) {
@@ -511,4 +503,4 @@ TYPED_TEST(MultiHeadTest, StepRefusesOptionsItWouldIgnore) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

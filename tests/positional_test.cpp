@@ -121,7 +121,7 @@ long double dot(const std::vector<T>& a, const std::vector<T>& b) {
 }
 
 template <typename T>
-class PositionalTest : public ::testing::Test {};
+using PositionalTest = selfattn::test::ScalarTest<T>;
 TYPED_TEST_SUITE(PositionalTest, selfattn::test::Scalars, );
 
 const RopeStyle kStyles[] = {RopeStyle::half, RopeStyle::interleaved};

@@ -23,17 +23,14 @@
 #include <string>
 #include <vector>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
 
 using detail::DecodePath;
-using test::all_close;
-using test::default_tolerance;
-using test::Random;
 
 template <typename T>
-class SoftmaxRulesTest : public ::testing::Test {};
-TYPED_TEST_SUITE(SoftmaxRulesTest, test::Scalars, );
+using SoftmaxRulesTest = ScalarTest<T>;
+TYPED_TEST_SUITE(SoftmaxRulesTest, Scalars, );
 
 template <typename T>
 constexpr T minus_infinity = -std::numeric_limits<T>::infinity();
@@ -240,4 +237,4 @@ TYPED_TEST(SoftmaxRulesTest, MergeOfPartialsFollowsTheSameRules) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

@@ -19,16 +19,12 @@
 #include <utility>
 #include <vector>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
 
-using test::all_close;
-using test::expect_error;
-using test::Random;
-
 template <typename T>
-class TensorTest : public ::testing::Test {};
-TYPED_TEST_SUITE(TensorTest, test::Scalars, );
+using TensorTest = ScalarTest<T>;
+TYPED_TEST_SUITE(TensorTest, Scalars, );
 
 // Fills a tensor with its flat index: element n is n, so every position is distinguishable.
 template <typename T, int Rank>
@@ -778,4 +774,4 @@ TEST(TensorSum, IntegerTensorsAddToo) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

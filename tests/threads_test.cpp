@@ -20,13 +20,10 @@
 #include <omp.h>
 #endif
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
 
 using detail::DecodePath;
-using test::all_close;
-using test::default_tolerance;
-using test::Random;
 
 #ifdef _OPENMP
 // Runs f() with `threads` OpenMP threads, then restores the count it found.
@@ -79,8 +76,8 @@ TEST(FusedTest, ThreadCountChangesNothingButRounding) {
 }
 
 template <typename T>
-class DecodeThreadsTest : public ::testing::Test {};
-TYPED_TEST_SUITE(DecodeThreadsTest, test::Scalars, );
+using DecodeThreadsTest = ScalarTest<T>;
+TYPED_TEST_SUITE(DecodeThreadsTest, Scalars, );
 
 // One decode step of `path` on 1 and 2 threads, and again on 1: the partials of the chunks are merged in chunk
 // order whoever computed them, so all three are the same bits; and they are the brute force's result.
@@ -161,4 +158,4 @@ TEST(ModuleThreadsTest, ThreadCountChangesNothingButRounding) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test
