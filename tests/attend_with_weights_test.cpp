@@ -22,9 +22,7 @@
 namespace selfattn::test {
 namespace {
 
-template <typename T>
-using AttendWithWeightsTest = ScalarTest<T>;
-TYPED_TEST_SUITE(AttendWithWeightsTest, Scalars, );
+SELFATTN_SCALAR_TEST_SUITE(AttendWithWeightsTest);
 
 template <typename T>
 double tolerance() {

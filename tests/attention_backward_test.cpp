@@ -86,9 +86,7 @@ TEST(AttentionBackwardTest, GradientsMatchFiniteDifferences) {
   }
 }
 
-template <typename T>
-using AttentionBackwardTyped = ScalarTest<T>;
-TYPED_TEST_SUITE(AttentionBackwardTyped, Scalars, );
+SELFATTN_SCALAR_TEST_SUITE(AttentionBackwardTyped);
 
 // Fully masked rows, masked keys with NaN, and padding keys all get exactly zero gradient, never NaN.
 TYPED_TEST(AttentionBackwardTyped, MaskedPositionsGetZeroGradientNeverNan) {

@@ -20,9 +20,7 @@
 namespace selfattn::test {
 namespace {
 
-template <typename T>
-using AttentionTest = ScalarTest<T>;
-TYPED_TEST_SUITE(AttentionTest, Scalars, );
+SELFATTN_SCALAR_TEST_SUITE(AttentionTest);
 
 TYPED_TEST(AttentionTest, ReferenceMatchesBruteForceOverSweep) {
   using T = TypeParam;

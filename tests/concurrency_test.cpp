@@ -17,9 +17,7 @@
 namespace selfattn::test {
 namespace {
 
-template <typename T>
-using ConcurrencyTest = ScalarTest<T>;
-TYPED_TEST_SUITE(ConcurrencyTest, Scalars, );
+SELFATTN_SCALAR_TEST_SUITE(ConcurrencyTest);
 
 constexpr int thread_count = 8;
 

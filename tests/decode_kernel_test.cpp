@@ -24,9 +24,7 @@ namespace {
 
 using detail::DecodePath;
 
-template <typename T>
-using DecodeKernelTest = ScalarTest<T>;
-TYPED_TEST_SUITE(DecodeKernelTest, Scalars, );
+SELFATTN_SCALAR_TEST_SUITE(DecodeKernelTest);
 
 struct DecodeCase {
   Index B, H, Hkv, Lq, Lk, D, Dv;

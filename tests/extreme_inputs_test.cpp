@@ -29,9 +29,7 @@
 namespace selfattn::test {
 namespace {
 
-template <typename T>
-using ExtremeInputsTest = ScalarTest<T>;
-TYPED_TEST_SUITE(ExtremeInputsTest, Scalars, );
+SELFATTN_SCALAR_TEST_SUITE(ExtremeInputsTest);
 
 // Every forward kernel of the public dispatch; the decode kernel's backward is the fused one.
 const std::vector<Kernel> kernels = {Kernel::reference, Kernel::fused, Kernel::decode};

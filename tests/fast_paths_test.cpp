@@ -27,9 +27,7 @@ namespace {
 
 using detail::DecodePath;
 
-template <typename T>
-using FastPathsTest = ScalarTest<T>;
-TYPED_TEST_SUITE(FastPathsTest, Scalars, );
+SELFATTN_SCALAR_TEST_SUITE(FastPathsTest);
 
 // The shared sweep, and shapes beyond its lengths: more query rows than a fused block (64 float or 32 double
 // lanes), more keys than a fused tile (64) or a decode chunk (256), few query rows over several chunks with every

@@ -17,9 +17,7 @@
 namespace selfattn::test {
 namespace {
 
-template <typename T>
-using HeadsTest = ScalarTest<T>;
-TYPED_TEST_SUITE(HeadsTest, Scalars, );
+SELFATTN_SCALAR_TEST_SUITE(HeadsTest);
 
 // Expects h(b, i, l, d) == x(b, l, i * D + d) for every element.
 template <typename H, typename X>

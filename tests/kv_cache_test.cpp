@@ -23,9 +23,7 @@
 namespace selfattn::test {
 namespace {
 
-template <typename T>
-using KVCacheTest = ScalarTest<T>;
-TYPED_TEST_SUITE(KVCacheTest, Scalars, );
+SELFATTN_SCALAR_TEST_SUITE(KVCacheTest);
 
 // Rows [begin, end) of every batch of x (B, L, E).
 template <typename T>

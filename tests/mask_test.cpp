@@ -159,9 +159,7 @@ Tensor<U, 4> expand(const Tensor<U, 3>& m, Index batch, Index heads) {
   return full;
 }
 
-template <typename T>
-using MaskRankTest = ScalarTest<T>;
-TYPED_TEST_SUITE(MaskRankTest, Scalars, );
+SELFATTN_SCALAR_TEST_SUITE(MaskRankTest);
 
 const char* kernel_name(Kernel kernel) {
   return kernel == Kernel::reference ? "reference" : kernel == Kernel::fused ? "fused" : "decode";

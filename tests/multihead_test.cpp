@@ -53,9 +53,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, PyTorchConformance,
 
 // ---- helpers -------------------------------------------------------------------------------------
 
-template <typename T>
-using MultiHeadTest = ScalarTest<T>;
-TYPED_TEST_SUITE(MultiHeadTest, Scalars, );
+SELFATTN_SCALAR_TEST_SUITE(MultiHeadTest);
 
 // Rows of x (B, L, E) reordered: result row l is x row order[l], in every batch.
 template <typename T>

@@ -19,9 +19,7 @@
 namespace selfattn::test {
 namespace {
 
-template <typename T>
-using ProjectionTest = ScalarTest<T>;
-TYPED_TEST_SUITE(ProjectionTest, Scalars, );
+SELFATTN_SCALAR_TEST_SUITE(ProjectionTest);
 
 // y[b, l, o] = sum_i x[b, l, i] W[o, i] + bias[o], accumulated in long double.
 template <typename T>

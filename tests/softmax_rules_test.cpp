@@ -28,9 +28,7 @@ namespace {
 
 using detail::DecodePath;
 
-template <typename T>
-using SoftmaxRulesTest = ScalarTest<T>;
-TYPED_TEST_SUITE(SoftmaxRulesTest, Scalars, );
+SELFATTN_SCALAR_TEST_SUITE(SoftmaxRulesTest);
 
 template <typename T>
 constexpr T minus_infinity = -std::numeric_limits<T>::infinity();

@@ -22,9 +22,7 @@
 namespace selfattn::test {
 namespace {
 
-template <typename T>
-using TensorTest = ScalarTest<T>;
-TYPED_TEST_SUITE(TensorTest, Scalars, );
+SELFATTN_SCALAR_TEST_SUITE(TensorTest);
 
 // Fills a tensor with its flat index: element n is n, so every position is distinguishable.
 template <typename T, int Rank>

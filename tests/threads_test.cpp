@@ -75,9 +75,7 @@ TEST(FusedTest, ThreadCountChangesNothingButRounding) {
 #endif
 }
 
-template <typename T>
-using DecodeThreadsTest = ScalarTest<T>;
-TYPED_TEST_SUITE(DecodeThreadsTest, Scalars, );
+SELFATTN_SCALAR_TEST_SUITE(DecodeThreadsTest);
 
 // One decode step of `path` on 1 and 2 threads, and again on 1: the partials of the chunks are merged in chunk
 // order whoever computed them, so all three are the same bits; and they are the brute force's result.

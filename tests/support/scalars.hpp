@@ -1,10 +1,7 @@
 // tests/support/scalars.hpp — the element types every typed test runs in, and the empty fixture they share:
 //
-//   template <typename T>
-//   using KVCacheTest = test::ScalarTest<T>;
-//   TYPED_TEST_SUITE(KVCacheTest, test::Scalars, );
-//
-// Each file names its suite through the alias, so ctest's test names (KVCacheTest/0.Name) stay the file's own.
+//   SELFATTN_SCALAR_TEST_SUITE(KVCacheTest);
+//   TYPED_TEST(KVCacheTest, StepsInPiecesEqualOneCausalForward) { using T = TypeParam; ... }
 #pragma once
 
 #include <gtest/gtest.h>
@@ -20,3 +17,10 @@ template <typename T>
 class ScalarTest : public ::testing::Test {};
 
 }  // namespace selfattn::test
+
+/// A typed suite `Name` over Scalars on the empty fixture: `Name` is an alias of ScalarTest, so each file's suite keeps
+/// its own name in the test list (KVCacheTest/0.StepsInPiecesEqualOneCausalForward, KVCacheTest/1...).
+#define SELFATTN_SCALAR_TEST_SUITE(Name)        \
+  template <typename T>                         \
+  using Name = ::selfattn::test::ScalarTest<T>; \
+  TYPED_TEST_SUITE(Name, ::selfattn::test::Scalars, )
