@@ -25,6 +25,7 @@
 #include <selfattn/workspace.hpp>
 
 #include "support/expect_error.hpp"
+#include "support/module_config.hpp"
 #include "support/random.hpp"
 
 #include <gtest/gtest.h>
@@ -377,13 +378,8 @@ TEST_P(StepInto, SteadyStateAllocatesNothingAndMatchesStep) {
   SKIP_UNDER_TSAN();
   const OneThread one_thread;
   const StepCase c = GetParam();
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = c.embed;
-  cfg.num_heads = c.heads;
-  cfg.num_kv_heads = c.kv_heads;
-  cfg.rope_dim = c.rope_dim;
-  cfg.alibi = c.alibi;
-  const MultiHeadAttention<float> mha(cfg, 42);
+  const MultiHeadAttention<float> mha(
+      test::ModuleConfig(c.embed, c.heads).kv_heads(c.kv_heads).rope(c.rope_dim).with_alibi(c.alibi), 42);
   Random rng(8);
   const int steps = 40;
   const auto prompt = rng.normal_tensor<float, 3>({c.batch, c.prompt, c.embed});

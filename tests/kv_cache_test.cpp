@@ -7,6 +7,7 @@
 #include "support/compare.hpp"
 #include "support/expect_error.hpp"
 #include "support/module_by_hand.hpp"
+#include "support/module_config.hpp"
 #include "support/random.hpp"
 #include "support/sanitizers.hpp"
 #include "support/scalars.hpp"
@@ -53,18 +54,9 @@ const std::vector<ModuleCase> module_cases = {
 
 template <typename T>
 MultiHeadAttention<T> make_module(const ModuleCase& c, Random& random) {
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = c.E;
-  cfg.num_heads = c.H;
-  cfg.num_kv_heads = c.Hkv;
-  cfg.rope_dim = c.rope_dim;
-  cfg.rope_style = c.style;
-  cfg.alibi = c.alibi;
-  cfg.bias = c.bias;
-  MultiHeadAttention<T> mha(cfg, 11);
-  if (c.bias)
-    for (Tensor<T, 1>* b : {&mha.params().q_bias, &mha.params().k_bias, &mha.params().v_bias, &mha.params().out_bias})
-      *b = random.normal_tensor<T, 1>(b->shape());
+  MultiHeadAttention<T> mha(
+      ModuleConfig(c.E, c.H).kv_heads(c.Hkv).rope(c.rope_dim, c.style).with_alibi(c.alibi).with_bias(c.bias), 11);
+  randomize_biases(mha, random);
   return mha;
 }
 

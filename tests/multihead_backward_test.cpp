@@ -4,8 +4,9 @@
 
 #include "support/compare.hpp"
 #include "support/expect_error.hpp"
-#include "support/pytorch_case.hpp"
 #include "support/gradcheck.hpp"
+#include "support/module_config.hpp"
+#include "support/pytorch_case.hpp"
 #include "support/random.hpp"
 
 #include <gtest/gtest.h>
@@ -82,23 +83,17 @@ TEST(MultiHeadBackwardTest, EveryGradientMatchesFiniteDifferences) {
   Random random(41);
   for (const ModuleCase& c : module_cases) {
     SCOPED_TRACE(c.name);
-    MultiHeadAttentionConfig cfg;
-    cfg.embed_dim = c.E;
-    cfg.num_heads = c.H;
-    cfg.num_kv_heads = c.Hkv;
-    cfg.kdim = c.kdim;
-    cfg.vdim = c.vdim;
-    cfg.rope_dim = c.rope_dim;
-    cfg.rope_style = c.style;
-    cfg.alibi = c.alibi;
-    cfg.bias = c.bias;
-    cfg.dropout = c.dropout;
-    MultiHeadAttention<double> mha(cfg, 5);
+    MultiHeadAttention<double> mha(ModuleConfig(c.E, c.H)
+                                       .kv_heads(c.Hkv)
+                                       .input_dims(c.kdim, c.vdim)
+                                       .rope(c.rope_dim, c.style)
+                                       .with_alibi(c.alibi)
+                                       .with_bias(c.bias)
+                                       .with_dropout(c.dropout),
+                                   5);
     mha.set_training(c.dropout > 0);
+    randomize_biases(mha, random);
     auto& p = mha.params();
-    if (c.bias)
-      for (Tensor<double, 1>* b : {&p.q_bias, &p.k_bias, &p.v_bias, &p.out_bias})
-        *b = random.normal_tensor<double, 1>(b->shape());
     auto query = random.normal_tensor<double, 3>({2, c.Lq, c.E});
     auto key = random.normal_tensor<double, 3>({2, c.Lk, mha.config().kdim});
     auto value = random.normal_tensor<double, 3>({2, c.Lk, mha.config().vdim});
