@@ -477,10 +477,7 @@ TEST(StepIntoWith, SixteenBitActivationsAllocateNothingInTheSteadyState) {
 }
 
 TEST(StepIntoErrors, OutputOverlapAndShapeNameTheArgumentAndLeaveTheCache) {
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 16;
-  cfg.num_heads = 2;
-  const MultiHeadAttention<float> mha(cfg, 1);
+  const MultiHeadAttention<float> mha(test::ModuleConfig(16, 2), 1);
   Random rng(2);
   auto x = rng.normal_tensor<float, 3>({1, 3, 16});
   KVCache<float> cache = mha.make_cache(1);
@@ -589,10 +586,7 @@ TEST(ForwardIntoModule, SixteenBitActivationsAllocateNothingInTheSteadyState) {
 }
 
 TEST(ForwardIntoModuleErrors, NameTheArgument) {
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 16;
-  cfg.num_heads = 2;
-  const MultiHeadAttention<float> mha(cfg, 1);
+  const MultiHeadAttention<float> mha(test::ModuleConfig(16, 2), 1);
   Random rng(2);
   auto x = rng.normal_tensor<float, 3>({1, 3, 16});
   Tensor<float, 3> y({1, 3, 16});

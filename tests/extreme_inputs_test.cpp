@@ -14,6 +14,7 @@
 #include "support/compare.hpp"
 #include "support/expect_error.hpp"
 #include "support/gradcheck.hpp"
+#include "support/module_config.hpp"
 #include "support/random.hpp"
 #include "support/scalars.hpp"
 
@@ -436,10 +437,7 @@ TYPED_TEST(ExtremeInputsTest, MinusInfinityBiasEverywhereButOneKeySelectsThatVal
 TYPED_TEST(ExtremeInputsTest, MinusInfinityBiasEverywhereButOneKeyThroughTheModule) {
   using T = TypeParam;
   Random random(605);
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 12;
-  cfg.num_heads = 3;
-  MultiHeadAttention<T> mha(cfg, 3);
+  MultiHeadAttention<T> mha(ModuleConfig(12, 3), 3);
   const Index B = 2, L = 9;
   const auto x = random.normal_tensor<T, 3>({B, L, 12});
   const auto dout = random.normal_tensor<T, 3>({B, L, 12});
@@ -501,10 +499,7 @@ TYPED_TEST(ExtremeInputsTest, NoKeysGiveZeroOutputMinusInfinityLseAndZeroGradien
   EXPECT_TRUE(all_zero(scaled_dot_product_attention(q, k, v, opts)));
 
   // The module over an empty key sequence: attention 0, so the output is the output bias on every row.
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 8;
-  cfg.num_heads = 2;
-  MultiHeadAttention<T> mha(cfg);
+  MultiHeadAttention<T> mha(ModuleConfig(8, 2));
   for (Index e = 0; e < 8; ++e) mha.params().out_bias(e) = static_cast<T>(e + 1);
   const auto query = random.normal_tensor<T, 3>({2, 5, 8});
   const Tensor<T, 3> empty({2, 0, 8});
@@ -572,10 +567,7 @@ TYPED_TEST(ExtremeInputsTest, EmptyBatchEmptyQueriesAndEmptyValuesGiveEmptyResul
                            {"q", "head dim"});
 
   // The module with B = 0 and with Lq = Lk = 0; step with B = 0 and with no new token.
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 8;
-  cfg.num_heads = 2;
-  MultiHeadAttention<T> mha(cfg);
+  MultiHeadAttention<T> mha(ModuleConfig(8, 2));
   for (const std::array<Index, 3>& shape : {std::array<Index, 3>{0, 4, 8}, std::array<Index, 3>{3, 0, 8}}) {
     SCOPED_TRACE(detail::shape_string<3>(shape));
     const Tensor<T, 3> x(shape);
@@ -628,11 +620,7 @@ TYPED_TEST(ExtremeInputsTest, HeadDimOneMatchesTheSpecification) {
   }
   // The module with one dimension per head (E = H = 4): forward equals step token by token, and in double the
   // input gradient equals finite differences.
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 4;
-  cfg.num_heads = 4;
-  cfg.num_kv_heads = 2;
-  MultiHeadAttention<T> mha(cfg, 11);
+  MultiHeadAttention<T> mha(ModuleConfig(4, 4).kv_heads(2), 11);
   ASSERT_EQ(mha.head_dim(), 1);
   const auto x = random.normal_tensor<T, 3>({2, 6, 4});
   AttentionOptions<T> causal;
@@ -955,12 +943,7 @@ TYPED_TEST(ExtremeInputsTest, NonFiniteNumbersAtMaskedPositionsNeverReachAnOutpu
 TYPED_TEST(ExtremeInputsTest, NanTokensThroughTheModule) {
   using T = TypeParam;
   Random random(616);
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 16;
-  cfg.num_heads = 4;
-  cfg.num_kv_heads = 2;
-  cfg.rope_dim = 4;
-  MultiHeadAttention<T> mha(cfg, 5);
+  MultiHeadAttention<T> mha(ModuleConfig(16, 4).kv_heads(2).rope(4), 5);
   const Index L = 19, t = 8;
   const auto x = random.normal_tensor<T, 3>({2, L, 16});
   const auto dy = random.normal_tensor<T, 3>({2, L, 16});
@@ -1015,10 +998,7 @@ TYPED_TEST(ExtremeInputsTest, NanTokensThroughTheModule) {
 TYPED_TEST(ExtremeInputsTest, NanTokenLeavesTheDecodeWindowWhenEvicted) {
   using T = TypeParam;
   Random random(617);
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 8;
-  cfg.num_heads = 2;
-  MultiHeadAttention<T> mha(cfg, 9);
+  MultiHeadAttention<T> mha(ModuleConfig(8, 2), 9);
   const Index window = 4, t = 5, total = 14;
   auto cache = mha.make_cache(1, CachePolicy::sliding_window(window));
   for (Index s = 0; s < total; ++s) {
@@ -1037,10 +1017,7 @@ TYPED_TEST(ExtremeInputsTest, NanTokenLeavesTheDecodeWindowWhenEvicted) {
 template <typename T>
 void check_nan_prefill(const AttentionOptions<T>& opts) {
   Random random(620);
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 8;
-  cfg.num_heads = 2;
-  MultiHeadAttention<T> mha(cfg, 10);
+  MultiHeadAttention<T> mha(ModuleConfig(8, 2), 10);
   const Index L = 9, t = 3;
   const auto x = random.normal_tensor<T, 3>({1, L, 8});
   Tensor<T, 3> bad = x;
@@ -1144,10 +1121,7 @@ TYPED_TEST(ExtremeInputsTest, InputsMayAliasEachOther) {
 TYPED_TEST(ExtremeInputsTest, StepInputViewingTheCacheItselfEqualsACopy) {
   using T = TypeParam;
   Random random(619);
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 8;
-  cfg.num_heads = 2;
-  MultiHeadAttention<T> mha(cfg, 4);
+  MultiHeadAttention<T> mha(ModuleConfig(8, 2), 4);
   auto cache = mha.make_cache(1);
   mha.step(random.normal_tensor<T, 3>({1, 6, 8}), cache);
   KVCache<T> twin = cache;

@@ -17,6 +17,7 @@
 
 #include "support/compare.hpp"
 #include "support/expect_error.hpp"
+#include "support/module_config.hpp"
 #include "support/random.hpp"
 #include "support/sanitizers.hpp"
 #include "support/sweep.hpp"
@@ -921,12 +922,7 @@ TYPED_TEST(HalfPrecisionTest, BackwardFollowsTheFlashAttentionRule) {
 TYPED_TEST(HalfPrecisionTest, CacheStoresRoundedRowsInHalfTheMemory) {
   using S = TypeParam;
   for (const CachePolicy& policy : {CachePolicy::keep_all(), CachePolicy::attention_sinks(2, 5)}) {
-    MultiHeadAttentionConfig cfg;
-    cfg.embed_dim = 32;
-    cfg.num_heads = 4;
-    cfg.num_kv_heads = 2;
-    cfg.rope_dim = 8;
-    const MultiHeadAttention<float> mha(cfg, 5);
+    const MultiHeadAttention<float> mha(ModuleConfig(32, 4).kv_heads(2).rope(8), 5);
     KVCache<float> wide = mha.make_cache(2, policy);
     KVCache<float, S> half = mha.make_cache<S>(2, policy);
     Random random(3);
@@ -1003,10 +999,7 @@ TYPED_TEST(HalfPrecisionTest, ErrorsNameTheArgument) {
   AttentionOptions<float> opts;
   opts.key_lengths = {9};
   test::expect_error<std::invalid_argument>([&] { sdpa_forward(q, k_good, v, opts); }, {"opts.key_lengths[0]"});
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 16;
-  cfg.num_heads = 2;
-  const MultiHeadAttention<float> mha(cfg);
+  const MultiHeadAttention<float> mha(ModuleConfig(16, 2));
   KVCache<float, S> cache = mha.make_cache<S>(1);
   test::expect_error<ShapeError>([&] { mha.step(Tensor<float, 3>({1, 1, 8}), cache); }, {"x_new"});
   EXPECT_EQ(cache.length(), 0);

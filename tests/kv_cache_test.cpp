@@ -291,11 +291,7 @@ TYPED_TEST(KVCacheTest, EvictionKeepsSinksAndWindowWithPositionsWithinTheCache) 
 // Memory stays flat under an evicting policy, however long the stream.
 TEST(KVCacheMemory, BoundedOverALongStream) {
   Random random(57);
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 4;
-  cfg.num_heads = 1;
-  cfg.rope_dim = 4;
-  const MultiHeadAttention<float> mha(cfg, 1);
+  const MultiHeadAttention<float> mha(ModuleConfig(4, 1).rope(4), 1);
   auto cache = mha.make_cache(1, CachePolicy::attention_sinks(4, 16));
   Tensor<float, 3> token({1, 1, 4});
   std::size_t bytes_after_warmup = 0;
@@ -326,10 +322,7 @@ TEST(KVCacheMemory, BoundedOverALongStream) {
 }
 
 TEST(KVCacheMemory, KeepAllGrowsAmortised) {
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 4;
-  cfg.num_heads = 1;
-  const MultiHeadAttention<double> mha(cfg);
+  const MultiHeadAttention<double> mha(ModuleConfig(4, 1));
   auto cache = mha.make_cache(1);
   Tensor<double, 3> token({1, 1, 4});
   int reallocations = 0;
@@ -484,10 +477,7 @@ TEST(KVCacheErrors, BadPoliciesAndCrossAttentionModulesThrow) {
 // cache holds at most (2^63 - 1) / 4096 = 2^51 - 1 tokens. keep_all(2^56) reported memory_bytes() == 0 (the count
 // wrapped) and the next step threw a bare std::bad_alloc; at 2^59 a std::length_error from vector::reserve.
 TEST(KVCacheSizeLimits, CapacityTooLargeForMemoryThrowsLengthError) {
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 512;
-  cfg.num_heads = 8;
-  const MultiHeadAttention<float> mha(cfg);
+  const MultiHeadAttention<float> mha(ModuleConfig(512, 8));
   const Index limit = (Index{1} << 51) - 1;
   EXPECT_EQ(mha.make_cache(1).max_capacity(), limit);
   for (const Index capacity : {Index{1} << 56, Index{1} << 59, limit + 1})

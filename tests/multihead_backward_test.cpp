@@ -140,12 +140,7 @@ TEST(MultiHeadBackwardTest, EveryGradientMatchesFiniteDifferences) {
 
 TEST(MultiHeadBackwardTest, RepeatedBackwardIsBitwiseEqual) {
   Random random(42);
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 16;
-  cfg.num_heads = 4;
-  cfg.rope_dim = 4;
-  cfg.dropout = 0.2;
-  MultiHeadAttention<float> mha(cfg, 1);
+  MultiHeadAttention<float> mha(ModuleConfig(16, 4).rope(4).with_dropout(0.2), 1);
   mha.set_training(true);
   const auto x = random.normal_tensor<float, 3>({2, 7, 16});
   const auto dout = random.normal_tensor<float, 3>({2, 7, 16});
@@ -206,10 +201,7 @@ TEST(MultiHeadBackwardTest, ForwardKeepsTemporaryInputsForBackward) {
 }
 
 TEST(MultiHeadBackwardTest, BadUpstreamGradientThrows) {
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 8;
-  cfg.num_heads = 2;
-  MultiHeadAttention<double> mha(cfg);
+  MultiHeadAttention<double> mha(ModuleConfig(8, 2));
   const Tensor<double, 3> x({1, 3, 8});
   const auto fwd = mha.forward(x);
   test::expect_error<ShapeError>([&] { mha.backward(Tensor<double, 3>({1, 4, 8}), fwd); },
