@@ -412,14 +412,7 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<StepCase>& info) { return std::string(info.param.name); });
 
 // The module the 16-bit steady-state tests step: E = 64, four query heads over two key/value heads, RoPE.
-MultiHeadAttentionConfig grouped_rope_config() {
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 64;
-  cfg.num_heads = 4;
-  cfg.num_kv_heads = 2;
-  cfg.rope_dim = 16;
-  return cfg;
-}
+MultiHeadAttentionConfig grouped_rope_config() { return test::ModuleConfig(64, 4).kv_heads(2).rope(16); }
 
 // step_into_with on 16-bit parameters: after the first step of a shape, neither single tokens (weights read in
 // place) nor 20-row chunks (weights widened into the cache's workspace; a 16-bit cache's keys and values widened a
@@ -495,12 +488,7 @@ TEST(ForwardIntoModule, SteadyStateAllocatesNothingAndMatchesForward) {
   for (const bool self : {true, false})
     for (const Index q_len : {Index(1), Index(40)}) {
       SCOPED_TRACE(std::string(self ? "self" : "cross") + "-attention, Lq = " + std::to_string(q_len));
-      MultiHeadAttentionConfig cfg;
-      cfg.embed_dim = 64;
-      cfg.num_heads = 4;
-      cfg.num_kv_heads = 2;
-      cfg.rope_dim = 16;
-      cfg.alibi = true;
+      MultiHeadAttentionConfig cfg = test::ModuleConfig(64, 4).kv_heads(2).rope(16).with_alibi(true);
       if (!self) cfg.kdim = cfg.vdim = 24;
       const MultiHeadAttention<float> mha(cfg, 3);
       Random rng(6);
@@ -532,10 +520,7 @@ TEST(ForwardIntoModule, SixteenBitParametersAllocateNothingInTheSteadyState) {
   for (const bool self : {true, false})
     for (const Index q_len : {Index(1), Index(40)}) {
       SCOPED_TRACE(std::string(self ? "self" : "cross") + "-attention, Lq = " + std::to_string(q_len));
-      MultiHeadAttentionConfig cfg;
-      cfg.embed_dim = 64;
-      cfg.num_heads = 4;
-      cfg.num_kv_heads = 2;
+      MultiHeadAttentionConfig cfg = test::ModuleConfig(64, 4).kv_heads(2);
       if (!self) cfg.kdim = cfg.vdim = 24;
       const MultiHeadAttention<float> mha(cfg, 3);
       const MhaParams<bfloat16> weights = params_cast<bfloat16>(mha.params());
@@ -563,9 +548,7 @@ TEST(ForwardIntoModule, SixteenBitActivationsAllocateNothingInTheSteadyState) {
   const OneThread one_thread;
   for (const bool self : {true, false}) {
     SCOPED_TRACE(self ? "self-attention" : "cross-attention");
-    MultiHeadAttentionConfig cfg;
-    cfg.embed_dim = 64;
-    cfg.num_heads = 4;
+    MultiHeadAttentionConfig cfg = test::ModuleConfig(64, 4);
     if (!self) cfg.kdim = cfg.vdim = 24;
     const MultiHeadAttention<float> mha(cfg, 3);
     Random rng(6);

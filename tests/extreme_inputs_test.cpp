@@ -296,9 +296,7 @@ TYPED_TEST(ExtremeInputsTest, BiasOfPlusMinusTenThousandIsFiniteAndAsAccurateAsN
 TYPED_TEST(ExtremeInputsTest, LargeScoresThroughTheModuleForwardBackwardAndStep) {
   using T = TypeParam;
   Random random(603);
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 16;
-  cfg.num_heads = 2;
+  MultiHeadAttentionConfig cfg = ModuleConfig(16, 2);
   MultiHeadAttention<double> truth(cfg, 7);
   const Index B = 2, L = 21;
   const auto x = random.normal_tensor<double, 3>({B, L, 16});

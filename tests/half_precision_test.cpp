@@ -469,11 +469,7 @@ TYPED_TEST(HalfPrecisionTest, LinearReadsSixteenBitWeights) {
 // the tensor before the cache changes.
 TYPED_TEST(HalfPrecisionTest, ModuleStepsWithSixteenBitParameters) {
   using S = TypeParam;
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 48;
-  cfg.num_heads = 4;
-  cfg.num_kv_heads = 2;
-  cfg.rope_dim = 12;
+  MultiHeadAttentionConfig cfg = ModuleConfig(48, 4).kv_heads(2).rope(12);
   const MultiHeadAttention<float> source(cfg, 7), other(cfg, 8);
   const MhaParams<S> half = params_cast<S>(source.params());
   const MhaParams<float> wide = params_cast<float>(half);
@@ -517,11 +513,7 @@ TYPED_TEST(HalfPrecisionTest, ModuleForwardIntoWithSixteenBitParameters) {
   Random random(17);
   for (const bool self : {true, false}) {
     SCOPED_TRACE(self ? "self-attention" : "cross-attention");
-    MultiHeadAttentionConfig cfg;
-    cfg.embed_dim = 48;
-    cfg.num_heads = 4;
-    cfg.num_kv_heads = 2;
-    cfg.rope_dim = 12;
+    MultiHeadAttentionConfig cfg = ModuleConfig(48, 4).kv_heads(2).rope(12);
     if (!self) cfg.kdim = cfg.vdim = 20;
     const MultiHeadAttention<float> mha(cfg, 7);
     const MhaParams<S> half = params_cast<S>(mha.params());
@@ -667,11 +659,7 @@ TYPED_TEST(HalfPrecisionTest, ModulesTakeAndReturnSixteenBitActivations) {
   const auto activations = [&](std::array<Index, 3> shape) {
     return tensor_cast<S>(random.normal_tensor<float, 3>(shape));
   };
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 48;
-  cfg.num_heads = 4;
-  cfg.num_kv_heads = 2;
-  cfg.rope_dim = 12;
+  MultiHeadAttentionConfig cfg = ModuleConfig(48, 4).kv_heads(2).rope(12);
   const MultiHeadAttention<float> mha(cfg, 7);
   const MhaParams<S> half = params_cast<S>(mha.params());
 

@@ -453,10 +453,7 @@ TEST(KVCacheErrors, BadPoliciesAndCrossAttentionModulesThrow) {
   expect_error<std::invalid_argument>([] { KVCache<float>(1, 1, 4, CachePolicy{2, -1, 0}); }, {"policy.sink_tokens"});
   expect_error<std::invalid_argument>([] { KVCache<float>(1, 1, 4, CachePolicy{2, 4, 3}); }, {"policy.capacity", "(7)"});
   expect_error<std::invalid_argument>([] { KVCache<float>(1, 0, 4); }, {"kv_heads"});
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 8;
-  cfg.num_heads = 2;
-  cfg.kdim = 4;
+  MultiHeadAttentionConfig cfg = ModuleConfig(8, 2).input_dims(4, 0);
   const MultiHeadAttention<float> cross(cfg);
   auto cache = cross.make_cache(1);
   expect_error<std::invalid_argument>([&] { cross.step(Tensor<float, 3>({1, 1, 8}), cache); }, {"self-attention"});

@@ -157,11 +157,7 @@ TEST(MultiHeadBackwardTest, RepeatedBackwardIsBitwiseEqual) {
 // result that outlives the original.
 TEST(MultiHeadBackwardTest, ForwardKeepsTemporaryInputsForBackward) {
   Random random(7);
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 16;
-  cfg.num_heads = 4;
-  cfg.num_kv_heads = 2;
-  cfg.rope_dim = 4;
+  MultiHeadAttentionConfig cfg = ModuleConfig(16, 4).kv_heads(2).rope(4);
   const MultiHeadAttention<double> mha(cfg, 3);
   MultiHeadAttentionConfig cross_cfg = cfg;
   cross_cfg.kdim = 12;
