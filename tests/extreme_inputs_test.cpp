@@ -92,6 +92,20 @@ bool row_equal(const Tensor<T, 4>& x, const Tensor<T, 4>& y, Index b, Index h, I
   return true;
 }
 
+// Every row (b, h, r) of `after` is all NaN where poisoned(b, h, r), and bit for bit that row of `before` elsewhere.
+template <typename T, typename Poisoned>
+void expect_nan_rows(const Tensor<T, 4>& after, const Tensor<T, 4>& before, Poisoned&& poisoned) {
+  for (Index b = 0; b < after.dim(0); ++b)
+    for (Index h = 0; h < after.dim(1); ++h)
+      for (Index r = 0; r < after.dim(2); ++r) {
+        const bool nan_row = poisoned(b, h, r);
+        EXPECT_EQ(row_all_nan(after, b, h, r), nan_row) << b << h << r;
+        if (!nan_row) {
+          EXPECT_TRUE(row_equal(after, before, b, h, r)) << b << h << r;
+        }
+      }
+}
+
 // ---- a naive implementation in any precision -----------------------------------------------------
 
 // Attention with a scale and an optional full (B, H, Lq, Lk) bias, forward and backward, written as plainly
@@ -685,32 +699,15 @@ TYPED_TEST(ExtremeInputsTest, NanInAQueryRowReachesOnlyThatRow) {
     SCOPED_TRACE(kernel_name(kernel));
     const auto [f0, g0] = run(clean, kernel);
     const auto [f1, g1] = run(bad, kernel);
+    const auto row_i = [&](Index b, Index h, Index r) { return b == 1 && h == 0 && r == i; };
+    expect_nan_rows(f1.out, f0.out, row_i);
     for (Index b = 0; b < 2; ++b)
       for (Index h = 0; h < 2; ++h)
-        for (Index r = 0; r < L; ++r) {
-          const bool poisoned = b == 1 && h == 0 && r == i;
-          EXPECT_EQ(row_all_nan(f1.out, b, h, r), poisoned) << b << h << r;
-          if (!poisoned) {
-            EXPECT_TRUE(row_equal(f1.out, f0.out, b, h, r)) << b << h << r;
-          }
-          EXPECT_EQ(std::isnan(f1.lse(b, h, r)), poisoned);
-        }
-    for (Index b = 0; b < 2; ++b)
-      for (Index r = 0; r < L; ++r) {
-        for (Index h = 0; h < 2; ++h) {
-          const bool poisoned = b == 1 && h == 0 && r == i;
-          EXPECT_EQ(row_all_nan(g1.dq, b, h, r), poisoned) << b << h << r;
-          if (!poisoned) {
-            EXPECT_TRUE(row_equal(g1.dq, g0.dq, b, h, r)) << b << h << r;
-          }
-        }
-        const bool key_poisoned = b == 1 && r <= i;  // keys that row i attends
-        EXPECT_EQ(row_all_nan(g1.dk, b, 0, r), key_poisoned) << b << r;
-        EXPECT_EQ(row_all_nan(g1.dv, b, 0, r), key_poisoned) << b << r;
-        if (!key_poisoned) {
-          EXPECT_TRUE(row_equal(g1.dk, g0.dk, b, 0, r) && row_equal(g1.dv, g0.dv, b, 0, r)) << b << r;
-        }
-      }
+        for (Index r = 0; r < L; ++r) EXPECT_EQ(std::isnan(f1.lse(b, h, r)), row_i(b, h, r));
+    expect_nan_rows(g1.dq, g0.dq, row_i);
+    const auto keys_row_i_attends = [&](Index b, Index, Index r) { return b == 1 && r <= i; };
+    expect_nan_rows(g1.dk, g0.dk, keys_row_i_attends);
+    expect_nan_rows(g1.dv, g0.dv, keys_row_i_attends);
   }
 }
 
@@ -727,16 +724,9 @@ TYPED_TEST(ExtremeInputsTest, NanInAKeyReachesEveryRowThatAttendsIt) {
     SCOPED_TRACE(kernel_name(kernel));
     const auto [f0, g0] = run(clean, kernel);
     const auto [f1, g1] = run(bad, kernel);
-    for (Index b = 0; b < 2; ++b)
-      for (Index h = 0; h < 2; ++h)
-        for (Index r = 0; r < L; ++r) {
-          const bool poisoned = b == 0 && r >= j;
-          EXPECT_EQ(row_all_nan(f1.out, b, h, r), poisoned) << b << h << r;
-          EXPECT_EQ(row_all_nan(g1.dq, b, h, r), poisoned) << b << h << r;
-          if (!poisoned) {
-            EXPECT_TRUE(row_equal(f1.out, f0.out, b, h, r) && row_equal(g1.dq, g0.dq, b, h, r)) << b << h << r;
-          }
-        }
+    const auto rows_attending_j = [&](Index b, Index, Index r) { return b == 0 && r >= j; };
+    expect_nan_rows(f1.out, f0.out, rows_attending_j);
+    expect_nan_rows(g1.dq, g0.dq, rows_attending_j);
     // Batch 1 never sees the NaN: its gradients are unchanged.
     for (Index r = 0; r < L; ++r) EXPECT_TRUE(row_equal(g1.dk, g0.dk, 1, 0, r) && row_equal(g1.dv, g0.dv, 1, 0, r));
   }
