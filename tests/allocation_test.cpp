@@ -482,15 +482,19 @@ TEST(StepIntoErrors, OutputOverlapAndShapeNameTheArgumentAndLeaveTheCache) {
 
 // ---- MultiHeadAttention::forward_into ---------------------------------------------------------------------------
 
+// The module of the forward_into tests: self-attention (key and value are the query: `kv` below), or cross-attention
+// over a memory of width 24.
+MultiHeadAttention<float> forward_into_module(test::ModuleConfig cfg, bool self) {
+  return MultiHeadAttention<float>(cfg.input_dims(self ? 0 : 24, self ? 0 : 24), 3);
+}
+
 TEST(ForwardIntoModule, SteadyStateAllocatesNothingAndMatchesForward) {
   SKIP_UNDER_TSAN();
   const OneThread one_thread;
   for (const bool self : {true, false})
     for (const Index q_len : {Index(1), Index(40)}) {
       SCOPED_TRACE(std::string(self ? "self" : "cross") + "-attention, Lq = " + std::to_string(q_len));
-      MultiHeadAttentionConfig cfg = test::ModuleConfig(64, 4).kv_heads(2).rope(16).with_alibi(true);
-      if (!self) cfg.kdim = cfg.vdim = 24;
-      const MultiHeadAttention<float> mha(cfg, 3);
+      const auto mha = forward_into_module(test::ModuleConfig(64, 4).kv_heads(2).rope(16).with_alibi(true), self);
       Random rng(6);
       const auto query = rng.normal_tensor<float, 3>({2, q_len, 64});
       const auto memory = rng.normal_tensor<float, 3>({2, 50, 24});
@@ -498,12 +502,8 @@ TEST(ForwardIntoModule, SteadyStateAllocatesNothingAndMatchesForward) {
       opts.causal = self ? Causal::top_left : Causal::none;
       Tensor<float, 3> y({2, q_len, 64});
       MhaWorkspace<float> ws;
-      const auto call = [&] {
-        if (self)
-          mha.forward_into(query, query, query, y, ws, opts);
-        else
-          mha.forward_into(query, memory, memory, y, ws, opts);
-      };
+      const auto& kv = self ? query : memory;
+      const auto call = [&] { mha.forward_into(query, kv, kv, y, ws, opts); };
       call();
       const Allocations a = count_allocations(5, call);
       EXPECT_NO_ALLOCATION(a);
@@ -520,21 +520,15 @@ TEST(ForwardIntoModule, SixteenBitParametersAllocateNothingInTheSteadyState) {
   for (const bool self : {true, false})
     for (const Index q_len : {Index(1), Index(40)}) {
       SCOPED_TRACE(std::string(self ? "self" : "cross") + "-attention, Lq = " + std::to_string(q_len));
-      MultiHeadAttentionConfig cfg = test::ModuleConfig(64, 4).kv_heads(2);
-      if (!self) cfg.kdim = cfg.vdim = 24;
-      const MultiHeadAttention<float> mha(cfg, 3);
+      const auto mha = forward_into_module(test::ModuleConfig(64, 4).kv_heads(2), self);
       const MhaParams<bfloat16> weights = params_cast<bfloat16>(mha.params());
       Random rng(6);
       const auto query = rng.normal_tensor<float, 3>({2, q_len, 64});
       const auto memory = rng.normal_tensor<float, 3>({2, 50, 24});
       Tensor<float, 3> y({2, q_len, 64});
       MhaWorkspace<float> ws;
-      const auto call = [&] {
-        if (self)
-          mha.forward_into_with(weights, query, query, query, y.view(), ws);
-        else
-          mha.forward_into_with(weights, query, memory, memory, y.view(), ws);
-      };
+      const auto& kv = self ? query : memory;
+      const auto call = [&] { mha.forward_into_with(weights, query, kv, kv, y.view(), ws); };
       call();
       const Allocations a = count_allocations(5, call);
       EXPECT_NO_ALLOCATION(a);
@@ -548,20 +542,14 @@ TEST(ForwardIntoModule, SixteenBitActivationsAllocateNothingInTheSteadyState) {
   const OneThread one_thread;
   for (const bool self : {true, false}) {
     SCOPED_TRACE(self ? "self-attention" : "cross-attention");
-    MultiHeadAttentionConfig cfg = test::ModuleConfig(64, 4);
-    if (!self) cfg.kdim = cfg.vdim = 24;
-    const MultiHeadAttention<float> mha(cfg, 3);
+    const auto mha = forward_into_module(test::ModuleConfig(64, 4), self);
     Random rng(6);
     const auto query = tensor_cast<bfloat16>(rng.normal_tensor<float, 3>({2, 40, 64}));
     const auto memory = tensor_cast<bfloat16>(rng.normal_tensor<float, 3>({2, 50, 24}));
     Tensor<bfloat16, 3> y({2, 40, 64});
     MhaWorkspace<float> ws;
-    const auto call = [&] {
-      if (self)
-        mha.forward_into(query, query, query, y, ws);
-      else
-        mha.forward_into(query, memory, memory, y, ws);
-    };
+    const auto& kv = self ? query : memory;
+    const auto call = [&] { mha.forward_into(query, kv, kv, y, ws); };
     call();
     const Allocations a = count_allocations(5, call);
     EXPECT_NO_ALLOCATION(a);
