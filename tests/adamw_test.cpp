@@ -14,11 +14,8 @@
 #include <stdexcept>
 #include <vector>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
-
-using test::expect_error;
-using test::Random;
 
 // Adam with decoupled weight decay as Loshchilov & Hutter write it, for one element.
 struct ReferenceElement {
@@ -178,4 +175,4 @@ TEST(AdamWTest, AnotherListAfterTheFirstStepThrowsAndChangesNothing) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

@@ -25,6 +25,7 @@
 #include <selfattn/workspace.hpp>
 
 #include "support/expect_error.hpp"
+#include "support/module_config.hpp"
 #include "support/random.hpp"
 
 #include <gtest/gtest.h>
@@ -377,13 +378,8 @@ TEST_P(StepInto, SteadyStateAllocatesNothingAndMatchesStep) {
   SKIP_UNDER_TSAN();
   const OneThread one_thread;
   const StepCase c = GetParam();
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = c.embed;
-  cfg.num_heads = c.heads;
-  cfg.num_kv_heads = c.kv_heads;
-  cfg.rope_dim = c.rope_dim;
-  cfg.alibi = c.alibi;
-  const MultiHeadAttention<float> mha(cfg, 42);
+  const MultiHeadAttention<float> mha(
+      test::ModuleConfig(c.embed, c.heads).kv_heads(c.kv_heads).rope(c.rope_dim).with_alibi(c.alibi), 42);
   Random rng(8);
   const int steps = 40;
   const auto prompt = rng.normal_tensor<float, 3>({c.batch, c.prompt, c.embed});
@@ -416,14 +412,7 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<StepCase>& info) { return std::string(info.param.name); });
 
 // The module the 16-bit steady-state tests step: E = 64, four query heads over two key/value heads, RoPE.
-MultiHeadAttentionConfig grouped_rope_config() {
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 64;
-  cfg.num_heads = 4;
-  cfg.num_kv_heads = 2;
-  cfg.rope_dim = 16;
-  return cfg;
-}
+MultiHeadAttentionConfig grouped_rope_config() { return test::ModuleConfig(64, 4).kv_heads(2).rope(16); }
 
 // step_into_with on 16-bit parameters: after the first step of a shape, neither single tokens (weights read in
 // place) nor 20-row chunks (weights widened into the cache's workspace; a 16-bit cache's keys and values widened a
@@ -481,10 +470,7 @@ TEST(StepIntoWith, SixteenBitActivationsAllocateNothingInTheSteadyState) {
 }
 
 TEST(StepIntoErrors, OutputOverlapAndShapeNameTheArgumentAndLeaveTheCache) {
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 16;
-  cfg.num_heads = 2;
-  const MultiHeadAttention<float> mha(cfg, 1);
+  const MultiHeadAttention<float> mha(test::ModuleConfig(16, 2), 1);
   Random rng(2);
   auto x = rng.normal_tensor<float, 3>({1, 3, 16});
   KVCache<float> cache = mha.make_cache(1);
@@ -496,20 +482,19 @@ TEST(StepIntoErrors, OutputOverlapAndShapeNameTheArgumentAndLeaveTheCache) {
 
 // ---- MultiHeadAttention::forward_into ---------------------------------------------------------------------------
 
+// The module of the forward_into tests: self-attention (key and value are the query: `kv` below), or cross-attention
+// over a memory of width 24.
+MultiHeadAttention<float> forward_into_module(test::ModuleConfig cfg, bool self) {
+  return MultiHeadAttention<float>(cfg.input_dims(self ? 0 : 24, self ? 0 : 24), 3);
+}
+
 TEST(ForwardIntoModule, SteadyStateAllocatesNothingAndMatchesForward) {
   SKIP_UNDER_TSAN();
   const OneThread one_thread;
   for (const bool self : {true, false})
     for (const Index q_len : {Index(1), Index(40)}) {
       SCOPED_TRACE(std::string(self ? "self" : "cross") + "-attention, Lq = " + std::to_string(q_len));
-      MultiHeadAttentionConfig cfg;
-      cfg.embed_dim = 64;
-      cfg.num_heads = 4;
-      cfg.num_kv_heads = 2;
-      cfg.rope_dim = 16;
-      cfg.alibi = true;
-      if (!self) cfg.kdim = cfg.vdim = 24;
-      const MultiHeadAttention<float> mha(cfg, 3);
+      const auto mha = forward_into_module(test::ModuleConfig(64, 4).kv_heads(2).rope(16).with_alibi(true), self);
       Random rng(6);
       const auto query = rng.normal_tensor<float, 3>({2, q_len, 64});
       const auto memory = rng.normal_tensor<float, 3>({2, 50, 24});
@@ -517,12 +502,8 @@ TEST(ForwardIntoModule, SteadyStateAllocatesNothingAndMatchesForward) {
       opts.causal = self ? Causal::top_left : Causal::none;
       Tensor<float, 3> y({2, q_len, 64});
       MhaWorkspace<float> ws;
-      const auto call = [&] {
-        if (self)
-          mha.forward_into(query, query, query, y, ws, opts);
-        else
-          mha.forward_into(query, memory, memory, y, ws, opts);
-      };
+      const auto& kv = self ? query : memory;
+      const auto call = [&] { mha.forward_into(query, kv, kv, y, ws, opts); };
       call();
       const Allocations a = count_allocations(5, call);
       EXPECT_NO_ALLOCATION(a);
@@ -539,24 +520,15 @@ TEST(ForwardIntoModule, SixteenBitParametersAllocateNothingInTheSteadyState) {
   for (const bool self : {true, false})
     for (const Index q_len : {Index(1), Index(40)}) {
       SCOPED_TRACE(std::string(self ? "self" : "cross") + "-attention, Lq = " + std::to_string(q_len));
-      MultiHeadAttentionConfig cfg;
-      cfg.embed_dim = 64;
-      cfg.num_heads = 4;
-      cfg.num_kv_heads = 2;
-      if (!self) cfg.kdim = cfg.vdim = 24;
-      const MultiHeadAttention<float> mha(cfg, 3);
+      const auto mha = forward_into_module(test::ModuleConfig(64, 4).kv_heads(2), self);
       const MhaParams<bfloat16> weights = params_cast<bfloat16>(mha.params());
       Random rng(6);
       const auto query = rng.normal_tensor<float, 3>({2, q_len, 64});
       const auto memory = rng.normal_tensor<float, 3>({2, 50, 24});
       Tensor<float, 3> y({2, q_len, 64});
       MhaWorkspace<float> ws;
-      const auto call = [&] {
-        if (self)
-          mha.forward_into_with(weights, query, query, query, y.view(), ws);
-        else
-          mha.forward_into_with(weights, query, memory, memory, y.view(), ws);
-      };
+      const auto& kv = self ? query : memory;
+      const auto call = [&] { mha.forward_into_with(weights, query, kv, kv, y.view(), ws); };
       call();
       const Allocations a = count_allocations(5, call);
       EXPECT_NO_ALLOCATION(a);
@@ -570,22 +542,14 @@ TEST(ForwardIntoModule, SixteenBitActivationsAllocateNothingInTheSteadyState) {
   const OneThread one_thread;
   for (const bool self : {true, false}) {
     SCOPED_TRACE(self ? "self-attention" : "cross-attention");
-    MultiHeadAttentionConfig cfg;
-    cfg.embed_dim = 64;
-    cfg.num_heads = 4;
-    if (!self) cfg.kdim = cfg.vdim = 24;
-    const MultiHeadAttention<float> mha(cfg, 3);
+    const auto mha = forward_into_module(test::ModuleConfig(64, 4), self);
     Random rng(6);
     const auto query = tensor_cast<bfloat16>(rng.normal_tensor<float, 3>({2, 40, 64}));
     const auto memory = tensor_cast<bfloat16>(rng.normal_tensor<float, 3>({2, 50, 24}));
     Tensor<bfloat16, 3> y({2, 40, 64});
     MhaWorkspace<float> ws;
-    const auto call = [&] {
-      if (self)
-        mha.forward_into(query, query, query, y, ws);
-      else
-        mha.forward_into(query, memory, memory, y, ws);
-    };
+    const auto& kv = self ? query : memory;
+    const auto call = [&] { mha.forward_into(query, kv, kv, y, ws); };
     call();
     const Allocations a = count_allocations(5, call);
     EXPECT_NO_ALLOCATION(a);
@@ -593,10 +557,7 @@ TEST(ForwardIntoModule, SixteenBitActivationsAllocateNothingInTheSteadyState) {
 }
 
 TEST(ForwardIntoModuleErrors, NameTheArgument) {
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 16;
-  cfg.num_heads = 2;
-  const MultiHeadAttention<float> mha(cfg, 1);
+  const MultiHeadAttention<float> mha(test::ModuleConfig(16, 2), 1);
   Random rng(2);
   auto x = rng.normal_tensor<float, 3>({1, 3, 16});
   Tensor<float, 3> y({1, 3, 16});

@@ -11,6 +11,7 @@
 
 #include "support/compare.hpp"
 #include "support/expect_error.hpp"
+#include "support/module_config.hpp"
 #include "support/random.hpp"
 #include "support/scalars.hpp"
 
@@ -19,16 +20,10 @@
 #include <array>
 #include <string>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
 
-using test::all_close;
-using test::expect_error;
-using test::Random;
-
-template <typename T>
-class AttendWithWeightsTest : public ::testing::Test {};
-TYPED_TEST_SUITE(AttendWithWeightsTest, test::Scalars, );
+SELFATTN_SCALAR_TEST_SUITE(AttendWithWeightsTest);
 
 template <typename T>
 double tolerance() {
@@ -103,16 +98,13 @@ TYPED_TEST(AttendWithWeightsTest, ModuleRecomposedFromPublicPiecesEqualsForward)
   };
   Random random(7);
   for (const Case& c : cases) {
-    MultiHeadAttentionConfig cfg;
-    cfg.embed_dim = c.embed;
-    cfg.num_heads = c.heads;
-    cfg.num_kv_heads = c.kv_heads;
-    cfg.kdim = c.kdim;
-    cfg.vdim = c.vdim;
-    cfg.bias = c.bias;
-    cfg.rope_dim = c.rope ? c.embed / c.heads : 0;
-    cfg.alibi = c.alibi;
-    MultiHeadAttention<T> mha(cfg, 3);
+    MultiHeadAttention<T> mha(ModuleConfig(c.embed, c.heads)
+                                  .kv_heads(c.kv_heads)
+                                  .input_dims(c.kdim, c.vdim)
+                                  .with_bias(c.bias)
+                                  .rope(c.rope ? c.embed / c.heads : 0)
+                                  .with_alibi(c.alibi),
+                              3);
     const MhaParams<T>& p = mha.params();
     const Index batch = 2;
     const Tensor<T, 3> query = random.normal_tensor<T, 3>({batch, c.lq, c.embed});
@@ -177,4 +169,4 @@ TYPED_TEST(AttendWithWeightsTest, ShapeErrorsNameV) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

@@ -15,15 +15,8 @@
 #include <string>
 #include <vector>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
-
-using test::all_close;
-using test::expect_error;
-using test::gradient_tolerance;
-using test::numerical_gradient;
-using test::Random;
-using test::weighted_sum;
 
 struct GradientCase {
   std::string name;
@@ -93,9 +86,7 @@ TEST(AttentionBackwardTest, GradientsMatchFiniteDifferences) {
   }
 }
 
-template <typename T>
-class AttentionBackwardTyped : public ::testing::Test {};
-TYPED_TEST_SUITE(AttentionBackwardTyped, test::Scalars, );
+SELFATTN_SCALAR_TEST_SUITE(AttentionBackwardTyped);
 
 // Fully masked rows, masked keys with NaN, and padding keys all get exactly zero gradient, never NaN.
 TYPED_TEST(AttentionBackwardTyped, MaskedPositionsGetZeroGradientNeverNan) {
@@ -181,4 +172,4 @@ TYPED_TEST(AttentionBackwardTyped, BadShapesThrowNamingTheArgument) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

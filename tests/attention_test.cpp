@@ -17,24 +17,10 @@
 #include <string>
 #include <vector>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
 
-using test::all_close;
-using test::default_tolerance;
-using test::expect_error;
-using test::Random;
-
-template <typename T>
-class AttentionTest : public ::testing::Test {};
-TYPED_TEST_SUITE(AttentionTest, test::Scalars, );
-
-using test::make_options;
-using test::MaskedOptions;
-using test::MaskKind;
-using test::Shape;
-using test::mask_kinds;
-using test::sweep_shapes;
+SELFATTN_SCALAR_TEST_SUITE(AttentionTest);
 
 TYPED_TEST(AttentionTest, ReferenceMatchesBruteForceOverSweep) {
   using T = TypeParam;
@@ -343,7 +329,6 @@ TYPED_TEST(AttentionTest, EmptyExtentsGiveEmptyOrZeroResults) {
 
 // ---- validation ------------------------------------------------------------------------------------
 
-
 TYPED_TEST(AttentionTest, BadShapesThrowShapeErrorNamingTheArgument) {
   using T = TypeParam;
   const Tensor<T, 4> q({2, 4, 5, 8}), k({2, 2, 6, 8}), v({2, 2, 6, 3});
@@ -391,4 +376,4 @@ TYPED_TEST(AttentionTest, BadOptionsThrowNamingTheOption) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

@@ -4,6 +4,7 @@
 // ThreadSanitizer as well (docs/numerics.md, "Thread safety", says how it is built).
 #include <selfattn/selfattn.hpp>
 
+#include "support/module_config.hpp"
 #include "support/random.hpp"
 #include "support/scalars.hpp"
 
@@ -14,14 +15,10 @@
 #include <thread>
 #include <vector>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
 
-using test::Random;
-
-template <typename T>
-class ConcurrencyTest : public ::testing::Test {};
-TYPED_TEST_SUITE(ConcurrencyTest, test::Scalars, );
+SELFATTN_SCALAR_TEST_SUITE(ConcurrencyTest);
 
 constexpr int thread_count = 8;
 
@@ -52,14 +49,7 @@ void expect_threads_equal_serial_calls(const Call& call) {
 // A module with every feature that keeps state: grouped-query heads, RoPE, ALiBi, dropout in training mode.
 template <typename T>
 MultiHeadAttention<T> make_module() {
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 32;
-  cfg.num_heads = 4;
-  cfg.num_kv_heads = 2;
-  cfg.rope_dim = 4;
-  cfg.alibi = true;
-  cfg.dropout = 0.1;
-  MultiHeadAttention<T> mha(cfg, 77);
+  MultiHeadAttention<T> mha(ModuleConfig(32, 4).kv_heads(2).rope(4).with_alibi(true).with_dropout(0.1), 77);
   Random random(78);
   for (Tensor<T, 1>* b : {&mha.params().q_bias, &mha.params().k_bias, &mha.params().v_bias, &mha.params().out_bias})
     for (Index n = 0; n < b->size(); ++n) b->data()[n] = static_cast<T>(0.1 * random.normal());
@@ -222,4 +212,4 @@ TYPED_TEST(ConcurrencyTest, StackForwardBackwardAndStepOnOneConstStackEqualSeria
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

@@ -14,13 +14,8 @@
 #include <stdexcept>
 #include <vector>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
-
-using test::all_close;
-using test::expect_error;
-using test::numerical_gradient;
-using test::Random;
 
 Tensor<Index, 2> random_targets(Random& rng, Index batch, Index length, Index classes) {
   Tensor<Index, 2> t({batch, length});
@@ -177,4 +172,4 @@ TEST(CrossEntropyTest, ErrorsNameTargets) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

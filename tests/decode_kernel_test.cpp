@@ -19,17 +19,12 @@
 #include <string>
 #include <vector>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
 
 using detail::DecodePath;
-using test::all_close;
-using test::default_tolerance;
-using test::Random;
 
-template <typename T>
-class DecodeKernelTest : public ::testing::Test {};
-TYPED_TEST_SUITE(DecodeKernelTest, test::Scalars, );
+SELFATTN_SCALAR_TEST_SUITE(DecodeKernelTest);
 
 struct DecodeCase {
   Index B, H, Hkv, Lq, Lk, D, Dv;
@@ -309,4 +304,4 @@ TYPED_TEST(DecodeKernelTest, FallsBackToTheGeneralPathForBiasMaskAndDropout) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

@@ -16,14 +16,8 @@
 #include <stdexcept>
 #include <vector>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
-
-using test::all_close;
-using test::expect_error;
-using test::numerical_gradient;
-using test::Random;
-using test::weighted_sum;
 
 Tensor<Index, 2> token_tensor(const std::vector<std::vector<Index>>& rows) {
   Tensor<Index, 2> t({static_cast<Index>(rows.size()), rows.empty() ? 0 : static_cast<Index>(rows[0].size())});
@@ -159,4 +153,4 @@ TEST(EmbeddingTest, TiedLanguageModelGradientMatchesFiniteDifferences) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

@@ -9,10 +9,8 @@
 #include <stdexcept>
 #include <type_traits>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
-
-using test::expect_error;
 
 TEST(ErrorsTest, ShapeErrorIsAnInvalidArgument) {
   static_assert(std::is_base_of_v<std::invalid_argument, ShapeError>);
@@ -45,4 +43,4 @@ TEST(ErrorsTest, InvalidArgumentHelperIsNotAShapeError) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

@@ -14,6 +14,7 @@
 #include "support/compare.hpp"
 #include "support/expect_error.hpp"
 #include "support/gradcheck.hpp"
+#include "support/module_config.hpp"
 #include "support/random.hpp"
 #include "support/scalars.hpp"
 
@@ -26,17 +27,10 @@
 #include <utility>
 #include <vector>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
 
-using test::all_close;
-using test::default_tolerance;
-using test::expect_error;
-using test::Random;
-
-template <typename T>
-class ExtremeInputsTest : public ::testing::Test {};
-TYPED_TEST_SUITE(ExtremeInputsTest, test::Scalars, );
+SELFATTN_SCALAR_TEST_SUITE(ExtremeInputsTest);
 
 // Every forward kernel of the public dispatch; the decode kernel's backward is the fused one.
 const std::vector<Kernel> kernels = {Kernel::reference, Kernel::fused, Kernel::decode};
@@ -96,6 +90,20 @@ bool row_equal(const Tensor<T, 4>& x, const Tensor<T, 4>& y, Index b, Index h, I
   for (Index d = 0; d < x.dim(3); ++d)
     if (!(x(b, h, i, d) == y(b, h, i, d))) return false;
   return true;
+}
+
+// Every row (b, h, r) of `after` is all NaN where poisoned(b, h, r), and bit for bit that row of `before` elsewhere.
+template <typename T, typename Poisoned>
+void expect_nan_rows(const Tensor<T, 4>& after, const Tensor<T, 4>& before, Poisoned&& poisoned) {
+  for (Index b = 0; b < after.dim(0); ++b)
+    for (Index h = 0; h < after.dim(1); ++h)
+      for (Index r = 0; r < after.dim(2); ++r) {
+        const bool nan_row = poisoned(b, h, r);
+        EXPECT_EQ(row_all_nan(after, b, h, r), nan_row) << b << h << r;
+        if (!nan_row) {
+          EXPECT_TRUE(row_equal(after, before, b, h, r)) << b << h << r;
+        }
+      }
 }
 
 // ---- a naive implementation in any precision -----------------------------------------------------
@@ -302,9 +310,7 @@ TYPED_TEST(ExtremeInputsTest, BiasOfPlusMinusTenThousandIsFiniteAndAsAccurateAsN
 TYPED_TEST(ExtremeInputsTest, LargeScoresThroughTheModuleForwardBackwardAndStep) {
   using T = TypeParam;
   Random random(603);
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 16;
-  cfg.num_heads = 2;
+  MultiHeadAttentionConfig cfg = ModuleConfig(16, 2);
   MultiHeadAttention<double> truth(cfg, 7);
   const Index B = 2, L = 21;
   const auto x = random.normal_tensor<double, 3>({B, L, 16});
@@ -443,10 +449,7 @@ TYPED_TEST(ExtremeInputsTest, MinusInfinityBiasEverywhereButOneKeySelectsThatVal
 TYPED_TEST(ExtremeInputsTest, MinusInfinityBiasEverywhereButOneKeyThroughTheModule) {
   using T = TypeParam;
   Random random(605);
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 12;
-  cfg.num_heads = 3;
-  MultiHeadAttention<T> mha(cfg, 3);
+  MultiHeadAttention<T> mha(ModuleConfig(12, 3), 3);
   const Index B = 2, L = 9;
   const auto x = random.normal_tensor<T, 3>({B, L, 12});
   const auto dout = random.normal_tensor<T, 3>({B, L, 12});
@@ -508,10 +511,7 @@ TYPED_TEST(ExtremeInputsTest, NoKeysGiveZeroOutputMinusInfinityLseAndZeroGradien
   EXPECT_TRUE(all_zero(scaled_dot_product_attention(q, k, v, opts)));
 
   // The module over an empty key sequence: attention 0, so the output is the output bias on every row.
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 8;
-  cfg.num_heads = 2;
-  MultiHeadAttention<T> mha(cfg);
+  MultiHeadAttention<T> mha(ModuleConfig(8, 2));
   for (Index e = 0; e < 8; ++e) mha.params().out_bias(e) = static_cast<T>(e + 1);
   const auto query = random.normal_tensor<T, 3>({2, 5, 8});
   const Tensor<T, 3> empty({2, 0, 8});
@@ -579,10 +579,7 @@ TYPED_TEST(ExtremeInputsTest, EmptyBatchEmptyQueriesAndEmptyValuesGiveEmptyResul
                            {"q", "head dim"});
 
   // The module with B = 0 and with Lq = Lk = 0; step with B = 0 and with no new token.
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 8;
-  cfg.num_heads = 2;
-  MultiHeadAttention<T> mha(cfg);
+  MultiHeadAttention<T> mha(ModuleConfig(8, 2));
   for (const std::array<Index, 3>& shape : {std::array<Index, 3>{0, 4, 8}, std::array<Index, 3>{3, 0, 8}}) {
     SCOPED_TRACE(detail::shape_string<3>(shape));
     const Tensor<T, 3> x(shape);
@@ -635,11 +632,7 @@ TYPED_TEST(ExtremeInputsTest, HeadDimOneMatchesTheSpecification) {
   }
   // The module with one dimension per head (E = H = 4): forward equals step token by token, and in double the
   // input gradient equals finite differences.
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 4;
-  cfg.num_heads = 4;
-  cfg.num_kv_heads = 2;
-  MultiHeadAttention<T> mha(cfg, 11);
+  MultiHeadAttention<T> mha(ModuleConfig(4, 4).kv_heads(2), 11);
   ASSERT_EQ(mha.head_dim(), 1);
   const auto x = random.normal_tensor<T, 3>({2, 6, 4});
   AttentionOptions<T> causal;
@@ -706,32 +699,15 @@ TYPED_TEST(ExtremeInputsTest, NanInAQueryRowReachesOnlyThatRow) {
     SCOPED_TRACE(kernel_name(kernel));
     const auto [f0, g0] = run(clean, kernel);
     const auto [f1, g1] = run(bad, kernel);
+    const auto row_i = [&](Index b, Index h, Index r) { return b == 1 && h == 0 && r == i; };
+    expect_nan_rows(f1.out, f0.out, row_i);
     for (Index b = 0; b < 2; ++b)
       for (Index h = 0; h < 2; ++h)
-        for (Index r = 0; r < L; ++r) {
-          const bool poisoned = b == 1 && h == 0 && r == i;
-          EXPECT_EQ(row_all_nan(f1.out, b, h, r), poisoned) << b << h << r;
-          if (!poisoned) {
-            EXPECT_TRUE(row_equal(f1.out, f0.out, b, h, r)) << b << h << r;
-          }
-          EXPECT_EQ(std::isnan(f1.lse(b, h, r)), poisoned);
-        }
-    for (Index b = 0; b < 2; ++b)
-      for (Index r = 0; r < L; ++r) {
-        for (Index h = 0; h < 2; ++h) {
-          const bool poisoned = b == 1 && h == 0 && r == i;
-          EXPECT_EQ(row_all_nan(g1.dq, b, h, r), poisoned) << b << h << r;
-          if (!poisoned) {
-            EXPECT_TRUE(row_equal(g1.dq, g0.dq, b, h, r)) << b << h << r;
-          }
-        }
-        const bool key_poisoned = b == 1 && r <= i;  // keys that row i attends
-        EXPECT_EQ(row_all_nan(g1.dk, b, 0, r), key_poisoned) << b << r;
-        EXPECT_EQ(row_all_nan(g1.dv, b, 0, r), key_poisoned) << b << r;
-        if (!key_poisoned) {
-          EXPECT_TRUE(row_equal(g1.dk, g0.dk, b, 0, r) && row_equal(g1.dv, g0.dv, b, 0, r)) << b << r;
-        }
-      }
+        for (Index r = 0; r < L; ++r) EXPECT_EQ(std::isnan(f1.lse(b, h, r)), row_i(b, h, r));
+    expect_nan_rows(g1.dq, g0.dq, row_i);
+    const auto keys_row_i_attends = [&](Index b, Index, Index r) { return b == 1 && r <= i; };
+    expect_nan_rows(g1.dk, g0.dk, keys_row_i_attends);
+    expect_nan_rows(g1.dv, g0.dv, keys_row_i_attends);
   }
 }
 
@@ -748,16 +724,9 @@ TYPED_TEST(ExtremeInputsTest, NanInAKeyReachesEveryRowThatAttendsIt) {
     SCOPED_TRACE(kernel_name(kernel));
     const auto [f0, g0] = run(clean, kernel);
     const auto [f1, g1] = run(bad, kernel);
-    for (Index b = 0; b < 2; ++b)
-      for (Index h = 0; h < 2; ++h)
-        for (Index r = 0; r < L; ++r) {
-          const bool poisoned = b == 0 && r >= j;
-          EXPECT_EQ(row_all_nan(f1.out, b, h, r), poisoned) << b << h << r;
-          EXPECT_EQ(row_all_nan(g1.dq, b, h, r), poisoned) << b << h << r;
-          if (!poisoned) {
-            EXPECT_TRUE(row_equal(f1.out, f0.out, b, h, r) && row_equal(g1.dq, g0.dq, b, h, r)) << b << h << r;
-          }
-        }
+    const auto rows_attending_j = [&](Index b, Index, Index r) { return b == 0 && r >= j; };
+    expect_nan_rows(f1.out, f0.out, rows_attending_j);
+    expect_nan_rows(g1.dq, g0.dq, rows_attending_j);
     // Batch 1 never sees the NaN: its gradients are unchanged.
     for (Index r = 0; r < L; ++r) EXPECT_TRUE(row_equal(g1.dk, g0.dk, 1, 0, r) && row_equal(g1.dv, g0.dv, 1, 0, r));
   }
@@ -962,12 +931,7 @@ TYPED_TEST(ExtremeInputsTest, NonFiniteNumbersAtMaskedPositionsNeverReachAnOutpu
 TYPED_TEST(ExtremeInputsTest, NanTokensThroughTheModule) {
   using T = TypeParam;
   Random random(616);
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 16;
-  cfg.num_heads = 4;
-  cfg.num_kv_heads = 2;
-  cfg.rope_dim = 4;
-  MultiHeadAttention<T> mha(cfg, 5);
+  MultiHeadAttention<T> mha(ModuleConfig(16, 4).kv_heads(2).rope(4), 5);
   const Index L = 19, t = 8;
   const auto x = random.normal_tensor<T, 3>({2, L, 16});
   const auto dy = random.normal_tensor<T, 3>({2, L, 16});
@@ -1022,10 +986,7 @@ TYPED_TEST(ExtremeInputsTest, NanTokensThroughTheModule) {
 TYPED_TEST(ExtremeInputsTest, NanTokenLeavesTheDecodeWindowWhenEvicted) {
   using T = TypeParam;
   Random random(617);
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 8;
-  cfg.num_heads = 2;
-  MultiHeadAttention<T> mha(cfg, 9);
+  MultiHeadAttention<T> mha(ModuleConfig(8, 2), 9);
   const Index window = 4, t = 5, total = 14;
   auto cache = mha.make_cache(1, CachePolicy::sliding_window(window));
   for (Index s = 0; s < total; ++s) {
@@ -1044,10 +1005,7 @@ TYPED_TEST(ExtremeInputsTest, NanTokenLeavesTheDecodeWindowWhenEvicted) {
 template <typename T>
 void check_nan_prefill(const AttentionOptions<T>& opts) {
   Random random(620);
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 8;
-  cfg.num_heads = 2;
-  MultiHeadAttention<T> mha(cfg, 10);
+  MultiHeadAttention<T> mha(ModuleConfig(8, 2), 10);
   const Index L = 9, t = 3;
   const auto x = random.normal_tensor<T, 3>({1, L, 8});
   Tensor<T, 3> bad = x;
@@ -1151,10 +1109,7 @@ TYPED_TEST(ExtremeInputsTest, InputsMayAliasEachOther) {
 TYPED_TEST(ExtremeInputsTest, StepInputViewingTheCacheItselfEqualsACopy) {
   using T = TypeParam;
   Random random(619);
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 8;
-  cfg.num_heads = 2;
-  MultiHeadAttention<T> mha(cfg, 4);
+  MultiHeadAttention<T> mha(ModuleConfig(8, 2), 4);
   auto cache = mha.make_cache(1);
   mha.step(random.normal_tensor<T, 3>({1, 6, 8}), cache);
   KVCache<T> twin = cache;
@@ -1170,4 +1125,4 @@ TYPED_TEST(ExtremeInputsTest, StepInputViewingTheCacheItselfEqualsACopy) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

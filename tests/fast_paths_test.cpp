@@ -22,19 +22,12 @@
 #include <string>
 #include <vector>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
 
 using detail::DecodePath;
-using test::all_close;
-using test::default_tolerance;
-using test::MaskKind;
-using test::Random;
-using test::Shape;
 
-template <typename T>
-class FastPathsTest : public ::testing::Test {};
-TYPED_TEST_SUITE(FastPathsTest, test::Scalars, );
+SELFATTN_SCALAR_TEST_SUITE(FastPathsTest);
 
 // The shared sweep, and shapes beyond its lengths: more query rows than a fused block (64 float or 32 double
 // lanes), more keys than a fused tile (64) or a decode chunk (256), few query rows over several chunks with every
@@ -145,4 +138,4 @@ TYPED_TEST(FastPathsTest, EveryDecodePathMatchesTheBruteForce) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

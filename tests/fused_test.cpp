@@ -31,10 +31,8 @@
 #include <omp.h>
 #endif
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
-
-using test::Random;
 
 constexpr double minus_infinity = -std::numeric_limits<double>::infinity();
 
@@ -558,4 +556,4 @@ TEST(FusedTest, DropoutKeepsTheReferenceStream) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

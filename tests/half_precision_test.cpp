@@ -17,6 +17,7 @@
 
 #include "support/compare.hpp"
 #include "support/expect_error.hpp"
+#include "support/module_config.hpp"
 #include "support/random.hpp"
 #include "support/sanitizers.hpp"
 #include "support/sweep.hpp"
@@ -31,11 +32,8 @@
 #include <type_traits>
 #include <vector>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
-
-using test::MaskKind;
-using test::Random;
 
 template <typename S>
 class HalfPrecisionTest : public ::testing::Test {};
@@ -471,11 +469,7 @@ TYPED_TEST(HalfPrecisionTest, LinearReadsSixteenBitWeights) {
 // the tensor before the cache changes.
 TYPED_TEST(HalfPrecisionTest, ModuleStepsWithSixteenBitParameters) {
   using S = TypeParam;
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 48;
-  cfg.num_heads = 4;
-  cfg.num_kv_heads = 2;
-  cfg.rope_dim = 12;
+  MultiHeadAttentionConfig cfg = ModuleConfig(48, 4).kv_heads(2).rope(12);
   const MultiHeadAttention<float> source(cfg, 7), other(cfg, 8);
   const MhaParams<S> half = params_cast<S>(source.params());
   const MhaParams<float> wide = params_cast<float>(half);
@@ -519,11 +513,7 @@ TYPED_TEST(HalfPrecisionTest, ModuleForwardIntoWithSixteenBitParameters) {
   Random random(17);
   for (const bool self : {true, false}) {
     SCOPED_TRACE(self ? "self-attention" : "cross-attention");
-    MultiHeadAttentionConfig cfg;
-    cfg.embed_dim = 48;
-    cfg.num_heads = 4;
-    cfg.num_kv_heads = 2;
-    cfg.rope_dim = 12;
+    MultiHeadAttentionConfig cfg = ModuleConfig(48, 4).kv_heads(2).rope(12);
     if (!self) cfg.kdim = cfg.vdim = 20;
     const MultiHeadAttention<float> mha(cfg, 7);
     const MhaParams<S> half = params_cast<S>(mha.params());
@@ -669,11 +659,7 @@ TYPED_TEST(HalfPrecisionTest, ModulesTakeAndReturnSixteenBitActivations) {
   const auto activations = [&](std::array<Index, 3> shape) {
     return tensor_cast<S>(random.normal_tensor<float, 3>(shape));
   };
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 48;
-  cfg.num_heads = 4;
-  cfg.num_kv_heads = 2;
-  cfg.rope_dim = 12;
+  MultiHeadAttentionConfig cfg = ModuleConfig(48, 4).kv_heads(2).rope(12);
   const MultiHeadAttention<float> mha(cfg, 7);
   const MhaParams<S> half = params_cast<S>(mha.params());
 
@@ -924,12 +910,7 @@ TYPED_TEST(HalfPrecisionTest, BackwardFollowsTheFlashAttentionRule) {
 TYPED_TEST(HalfPrecisionTest, CacheStoresRoundedRowsInHalfTheMemory) {
   using S = TypeParam;
   for (const CachePolicy& policy : {CachePolicy::keep_all(), CachePolicy::attention_sinks(2, 5)}) {
-    MultiHeadAttentionConfig cfg;
-    cfg.embed_dim = 32;
-    cfg.num_heads = 4;
-    cfg.num_kv_heads = 2;
-    cfg.rope_dim = 8;
-    const MultiHeadAttention<float> mha(cfg, 5);
+    const MultiHeadAttention<float> mha(ModuleConfig(32, 4).kv_heads(2).rope(8), 5);
     KVCache<float> wide = mha.make_cache(2, policy);
     KVCache<float, S> half = mha.make_cache<S>(2, policy);
     Random random(3);
@@ -1006,14 +987,11 @@ TYPED_TEST(HalfPrecisionTest, ErrorsNameTheArgument) {
   AttentionOptions<float> opts;
   opts.key_lengths = {9};
   test::expect_error<std::invalid_argument>([&] { sdpa_forward(q, k_good, v, opts); }, {"opts.key_lengths[0]"});
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 16;
-  cfg.num_heads = 2;
-  const MultiHeadAttention<float> mha(cfg);
+  const MultiHeadAttention<float> mha(ModuleConfig(16, 2));
   KVCache<float, S> cache = mha.make_cache<S>(1);
   test::expect_error<ShapeError>([&] { mha.step(Tensor<float, 3>({1, 1, 8}), cache); }, {"x_new"});
   EXPECT_EQ(cache.length(), 0);
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

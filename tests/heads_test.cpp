@@ -14,16 +14,10 @@
 #include <string>
 #include <type_traits>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
 
-using test::all_close;
-using test::expect_error;
-using test::Random;
-
-template <typename T>
-class HeadsTest : public ::testing::Test {};
-TYPED_TEST_SUITE(HeadsTest, test::Scalars, );
+SELFATTN_SCALAR_TEST_SUITE(HeadsTest);
 
 // Expects h(b, i, l, d) == x(b, l, i * D + d) for every element.
 template <typename H, typename X>
@@ -290,4 +284,4 @@ TYPED_TEST(HeadsTest, AverageHeadsShapesAndErrors) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

@@ -7,6 +7,7 @@
 #include "support/compare.hpp"
 #include "support/expect_error.hpp"
 #include "support/module_by_hand.hpp"
+#include "support/module_config.hpp"
 #include "support/random.hpp"
 #include "support/sanitizers.hpp"
 #include "support/scalars.hpp"
@@ -20,17 +21,10 @@
 #include <string>
 #include <vector>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
 
-using test::all_close;
-using test::default_tolerance;
-using test::expect_error;
-using test::Random;
-
-template <typename T>
-class KVCacheTest : public ::testing::Test {};
-TYPED_TEST_SUITE(KVCacheTest, test::Scalars, );
+SELFATTN_SCALAR_TEST_SUITE(KVCacheTest);
 
 // Rows [begin, end) of every batch of x (B, L, E).
 template <typename T>
@@ -60,18 +54,9 @@ const std::vector<ModuleCase> module_cases = {
 
 template <typename T>
 MultiHeadAttention<T> make_module(const ModuleCase& c, Random& random) {
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = c.E;
-  cfg.num_heads = c.H;
-  cfg.num_kv_heads = c.Hkv;
-  cfg.rope_dim = c.rope_dim;
-  cfg.rope_style = c.style;
-  cfg.alibi = c.alibi;
-  cfg.bias = c.bias;
-  MultiHeadAttention<T> mha(cfg, 11);
-  if (c.bias)
-    for (Tensor<T, 1>* b : {&mha.params().q_bias, &mha.params().k_bias, &mha.params().v_bias, &mha.params().out_bias})
-      *b = random.normal_tensor<T, 1>(b->shape());
+  MultiHeadAttention<T> mha(
+      ModuleConfig(c.E, c.H).kv_heads(c.Hkv).rope(c.rope_dim, c.style).with_alibi(c.alibi).with_bias(c.bias), 11);
+  randomize_biases(mha, random);
   return mha;
 }
 
@@ -306,11 +291,7 @@ TYPED_TEST(KVCacheTest, EvictionKeepsSinksAndWindowWithPositionsWithinTheCache) 
 // Memory stays flat under an evicting policy, however long the stream.
 TEST(KVCacheMemory, BoundedOverALongStream) {
   Random random(57);
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 4;
-  cfg.num_heads = 1;
-  cfg.rope_dim = 4;
-  const MultiHeadAttention<float> mha(cfg, 1);
+  const MultiHeadAttention<float> mha(ModuleConfig(4, 1).rope(4), 1);
   auto cache = mha.make_cache(1, CachePolicy::attention_sinks(4, 16));
   Tensor<float, 3> token({1, 1, 4});
   std::size_t bytes_after_warmup = 0;
@@ -341,10 +322,7 @@ TEST(KVCacheMemory, BoundedOverALongStream) {
 }
 
 TEST(KVCacheMemory, KeepAllGrowsAmortised) {
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 4;
-  cfg.num_heads = 1;
-  const MultiHeadAttention<double> mha(cfg);
+  const MultiHeadAttention<double> mha(ModuleConfig(4, 1));
   auto cache = mha.make_cache(1);
   Tensor<double, 3> token({1, 1, 4});
   int reallocations = 0;
@@ -475,10 +453,7 @@ TEST(KVCacheErrors, BadPoliciesAndCrossAttentionModulesThrow) {
   expect_error<std::invalid_argument>([] { KVCache<float>(1, 1, 4, CachePolicy{2, -1, 0}); }, {"policy.sink_tokens"});
   expect_error<std::invalid_argument>([] { KVCache<float>(1, 1, 4, CachePolicy{2, 4, 3}); }, {"policy.capacity", "(7)"});
   expect_error<std::invalid_argument>([] { KVCache<float>(1, 0, 4); }, {"kv_heads"});
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 8;
-  cfg.num_heads = 2;
-  cfg.kdim = 4;
+  MultiHeadAttentionConfig cfg = ModuleConfig(8, 2).input_dims(4, 0);
   const MultiHeadAttention<float> cross(cfg);
   auto cache = cross.make_cache(1);
   expect_error<std::invalid_argument>([&] { cross.step(Tensor<float, 3>({1, 1, 8}), cache); }, {"self-attention"});
@@ -499,10 +474,7 @@ TEST(KVCacheErrors, BadPoliciesAndCrossAttentionModulesThrow) {
 // cache holds at most (2^63 - 1) / 4096 = 2^51 - 1 tokens. keep_all(2^56) reported memory_bytes() == 0 (the count
 // wrapped) and the next step threw a bare std::bad_alloc; at 2^59 a std::length_error from vector::reserve.
 TEST(KVCacheSizeLimits, CapacityTooLargeForMemoryThrowsLengthError) {
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 512;
-  cfg.num_heads = 8;
-  const MultiHeadAttention<float> mha(cfg);
+  const MultiHeadAttention<float> mha(ModuleConfig(512, 8));
   const Index limit = (Index{1} << 51) - 1;
   EXPECT_EQ(mha.make_cache(1).max_capacity(), limit);
   for (const Index capacity : {Index{1} << 56, Index{1} << 59, limit + 1})
@@ -561,4 +533,4 @@ TEST(KVCacheSizeLimits, WorkspaceSizesThatWrapThrowLengthError) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
 
 using detail::KeyRange;
@@ -141,15 +141,6 @@ TEST(MaskTest, ScoreReadsTheBooleanMaskAndTheRange) {
 // (NumPy's: line the dimensions up from the right), written out element by element, without MaskView or Broadcast4:
 // a (Lq, Lk) mask is m(i, j) for every batch and head, a (d0, Lq, Lk) one m(h, i, j) (d0 = H) or m(0, i, j) (d0 = 1).
 template <typename U>
-Tensor<U, 4> expand(const Tensor<U, 2>& m, Index batch, Index heads) {
-  Tensor<U, 4> full({batch, heads, m.dim(0), m.dim(1)});
-  for (Index b = 0; b < batch; ++b)
-    for (Index h = 0; h < heads; ++h)
-      for (Index i = 0; i < m.dim(0); ++i)
-        for (Index j = 0; j < m.dim(1); ++j) full(b, h, i, j) = m(i, j);
-  return full;
-}
-template <typename U>
 Tensor<U, 4> expand(const Tensor<U, 3>& m, Index batch, Index heads) {
   Tensor<U, 4> full({batch, heads, m.dim(1), m.dim(2)});
   for (Index b = 0; b < batch; ++b)
@@ -158,10 +149,12 @@ Tensor<U, 4> expand(const Tensor<U, 3>& m, Index batch, Index heads) {
         for (Index j = 0; j < m.dim(2); ++j) full(b, h, i, j) = m(m.dim(0) == 1 ? 0 : h, i, j);
   return full;
 }
+template <typename U>
+Tensor<U, 4> expand(const Tensor<U, 2>& m, Index batch, Index heads) {  // (Lq, Lk) is (1, Lq, Lk)
+  return expand(Tensor<U, 3>(m.view().template reshape<3>({1, m.dim(0), m.dim(1)})), batch, heads);
+}
 
-template <typename T>
-class MaskRankTest : public ::testing::Test {};
-TYPED_TEST_SUITE(MaskRankTest, test::Scalars, );
+SELFATTN_SCALAR_TEST_SUITE(MaskRankTest);
 
 const char* kernel_name(Kernel kernel) {
   return kernel == Kernel::reference ? "reference" : kernel == Kernel::fused ? "fused" : "decode";
@@ -199,18 +192,15 @@ TYPED_TEST(MaskRankTest, RankTwoAndThreeEqualTheirRankFourExpansionOnEveryKernel
     set(c.low, c.full);
     cases.push_back(c);
   };
-  add("allowed (Lq, Lk)", [&](auto& low, auto& full) {
-    low.allowed = allowed2;
-    full.allowed = full_masks.emplace_back(expand(allowed2, B, H));
-  });
-  add("allowed (H, Lq, Lk)", [&](auto& low, auto& full) {
-    low.allowed = allowed3;
-    full.allowed = full_masks.emplace_back(expand(allowed3, B, H));
-  });
-  add("allowed (1, Lq, Lk)", [&](auto& low, auto& full) {
-    low.allowed = allowed3_shared;
-    full.allowed = full_masks.emplace_back(expand(allowed3_shared, B, H));
-  });
+  const auto add_allowed = [&](const std::string& name, const auto& allowed) {
+    add(name, [&](auto& low, auto& full) {
+      low.allowed = allowed;
+      full.allowed = full_masks.emplace_back(expand(allowed, B, H));
+    });
+  };
+  add_allowed("allowed (Lq, Lk)", allowed2);
+  add_allowed("allowed (H, Lq, Lk)", allowed3);
+  add_allowed("allowed (1, Lq, Lk)", allowed3_shared);
   add("bias (Lq, Lk)", [&](auto& low, auto& full) {
     low.bias = bias2;
     full.bias = full_biases.emplace_back(expand(bias2, B, H));
@@ -305,4 +295,4 @@ TEST(MaskRankTest, RankTwoAndThreeMasksOfTheWrongShapeThrowNamingThem) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

@@ -4,8 +4,9 @@
 
 #include "support/compare.hpp"
 #include "support/expect_error.hpp"
-#include "support/pytorch_case.hpp"
 #include "support/gradcheck.hpp"
+#include "support/module_config.hpp"
+#include "support/pytorch_case.hpp"
 #include "support/random.hpp"
 
 #include <gtest/gtest.h>
@@ -14,14 +15,8 @@
 #include <string>
 #include <vector>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
-
-using test::all_close;
-using test::gradient_tolerance;
-using test::numerical_gradient;
-using test::Random;
-using test::weighted_sum;
 
 // ---- PyTorch autograd conformance ----------------------------------------------------------------
 
@@ -88,23 +83,17 @@ TEST(MultiHeadBackwardTest, EveryGradientMatchesFiniteDifferences) {
   Random random(41);
   for (const ModuleCase& c : module_cases) {
     SCOPED_TRACE(c.name);
-    MultiHeadAttentionConfig cfg;
-    cfg.embed_dim = c.E;
-    cfg.num_heads = c.H;
-    cfg.num_kv_heads = c.Hkv;
-    cfg.kdim = c.kdim;
-    cfg.vdim = c.vdim;
-    cfg.rope_dim = c.rope_dim;
-    cfg.rope_style = c.style;
-    cfg.alibi = c.alibi;
-    cfg.bias = c.bias;
-    cfg.dropout = c.dropout;
-    MultiHeadAttention<double> mha(cfg, 5);
+    MultiHeadAttention<double> mha(ModuleConfig(c.E, c.H)
+                                       .kv_heads(c.Hkv)
+                                       .input_dims(c.kdim, c.vdim)
+                                       .rope(c.rope_dim, c.style)
+                                       .with_alibi(c.alibi)
+                                       .with_bias(c.bias)
+                                       .with_dropout(c.dropout),
+                                   5);
     mha.set_training(c.dropout > 0);
+    randomize_biases(mha, random);
     auto& p = mha.params();
-    if (c.bias)
-      for (Tensor<double, 1>* b : {&p.q_bias, &p.k_bias, &p.v_bias, &p.out_bias})
-        *b = random.normal_tensor<double, 1>(b->shape());
     auto query = random.normal_tensor<double, 3>({2, c.Lq, c.E});
     auto key = random.normal_tensor<double, 3>({2, c.Lk, mha.config().kdim});
     auto value = random.normal_tensor<double, 3>({2, c.Lk, mha.config().vdim});
@@ -151,12 +140,7 @@ TEST(MultiHeadBackwardTest, EveryGradientMatchesFiniteDifferences) {
 
 TEST(MultiHeadBackwardTest, RepeatedBackwardIsBitwiseEqual) {
   Random random(42);
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 16;
-  cfg.num_heads = 4;
-  cfg.rope_dim = 4;
-  cfg.dropout = 0.2;
-  MultiHeadAttention<float> mha(cfg, 1);
+  MultiHeadAttention<float> mha(ModuleConfig(16, 4).rope(4).with_dropout(0.2), 1);
   mha.set_training(true);
   const auto x = random.normal_tensor<float, 3>({2, 7, 16});
   const auto dout = random.normal_tensor<float, 3>({2, 7, 16});
@@ -173,11 +157,7 @@ TEST(MultiHeadBackwardTest, RepeatedBackwardIsBitwiseEqual) {
 // result that outlives the original.
 TEST(MultiHeadBackwardTest, ForwardKeepsTemporaryInputsForBackward) {
   Random random(7);
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 16;
-  cfg.num_heads = 4;
-  cfg.num_kv_heads = 2;
-  cfg.rope_dim = 4;
+  MultiHeadAttentionConfig cfg = ModuleConfig(16, 4).kv_heads(2).rope(4);
   const MultiHeadAttention<double> mha(cfg, 3);
   MultiHeadAttentionConfig cross_cfg = cfg;
   cross_cfg.kdim = 12;
@@ -217,10 +197,7 @@ TEST(MultiHeadBackwardTest, ForwardKeepsTemporaryInputsForBackward) {
 }
 
 TEST(MultiHeadBackwardTest, BadUpstreamGradientThrows) {
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 8;
-  cfg.num_heads = 2;
-  MultiHeadAttention<double> mha(cfg);
+  MultiHeadAttention<double> mha(ModuleConfig(8, 2));
   const Tensor<double, 3> x({1, 3, 8});
   const auto fwd = mha.forward(x);
   test::expect_error<ShapeError>([&] { mha.backward(Tensor<double, 3>({1, 4, 8}), fwd); },
@@ -249,4 +226,4 @@ TEST(LinearBackwardTest, GradientsMatchFiniteDifferences) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

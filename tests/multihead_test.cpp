@@ -6,6 +6,7 @@
 #include "support/compare.hpp"
 #include "support/expect_error.hpp"
 #include "support/module_by_hand.hpp"
+#include "support/module_config.hpp"
 #include "support/pytorch_case.hpp"
 #include "support/random.hpp"
 #include "support/scalars.hpp"
@@ -18,13 +19,8 @@
 #include <utility>
 #include <vector>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
-
-using test::all_close;
-using test::default_tolerance;
-using test::expect_error;
-using test::Random;
 
 // ---- PyTorch conformance -------------------------------------------------------------------------
 
@@ -58,9 +54,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, PyTorchConformance,
 
 // ---- helpers -------------------------------------------------------------------------------------
 
-template <typename T>
-class MultiHeadTest : public ::testing::Test {};
-TYPED_TEST_SUITE(MultiHeadTest, test::Scalars, );
+SELFATTN_SCALAR_TEST_SUITE(MultiHeadTest);
 
 // Rows of x (B, L, E) reordered: result row l is x row order[l], in every batch.
 template <typename T>
@@ -89,20 +83,13 @@ Tensor<T, 3> add_positions(const Tensor<T, 3>& x) {
   return y;
 }
 
-MultiHeadAttentionConfig config(Index embed_dim, Index heads) {
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = embed_dim;
-  cfg.num_heads = heads;
-  return cfg;
-}
-
 // ---- the defining property -----------------------------------------------------------------------
 
 // SelfAttn(P X) = P SelfAttn(X): attention without positions sees a set, not a sequence.
 TYPED_TEST(MultiHeadTest, SelfAttentionIsPermutationEquivariant) {
   using T = TypeParam;
   Random random(1);
-  MultiHeadAttention<T> mha(config(16, 4), 3);
+  MultiHeadAttention<T> mha(ModuleConfig(16, 4), 3);
   mha.params().q_bias = random.normal_tensor<T, 1>({16});  // non-zero biases take part too
   mha.params().out_bias = random.normal_tensor<T, 1>({16});
   const auto x = random.normal_tensor<T, 3>({2, 7, 16});
@@ -118,7 +105,7 @@ TYPED_TEST(MultiHeadTest, SelfAttentionIsPermutationEquivariant) {
 TYPED_TEST(MultiHeadTest, SinusoidalPositionsBreakPermutationEquivariance) {
   using T = TypeParam;
   Random random(2);
-  MultiHeadAttention<T> mha(config(16, 4), 3);
+  MultiHeadAttention<T> mha(ModuleConfig(16, 4), 3);
   const auto x = random.normal_tensor<T, 3>({2, 7, 16});
   const std::vector<Index> order = {3, 0, 6, 1, 5, 2, 4};
   const auto permuted = mha.forward(add_positions(permute_rows(x, order))).output;
@@ -129,9 +116,7 @@ TYPED_TEST(MultiHeadTest, SinusoidalPositionsBreakPermutationEquivariance) {
 TYPED_TEST(MultiHeadTest, RotaryPositionsBreakPermutationEquivariance) {
   using T = TypeParam;
   Random random(3);
-  MultiHeadAttentionConfig cfg = config(16, 4);
-  cfg.rope_dim = 4;
-  MultiHeadAttention<T> mha(cfg, 3);
+  MultiHeadAttention<T> mha(ModuleConfig(16, 4).rope(4), 3);
   const auto x = random.normal_tensor<T, 3>({2, 7, 16}, 2.0);
   const std::vector<Index> order = {3, 0, 6, 1, 5, 2, 4};
   const auto permuted = mha.forward(permute_rows(x, order)).output;
@@ -143,10 +128,7 @@ TYPED_TEST(MultiHeadTest, RotaryPositionsBreakPermutationEquivariance) {
 TYPED_TEST(MultiHeadTest, CrossAttentionIsInvariantToJointKeyValuePermutation) {
   using T = TypeParam;
   Random random(4);
-  MultiHeadAttentionConfig cfg = config(12, 3);
-  cfg.kdim = 5;
-  cfg.vdim = 7;
-  MultiHeadAttention<T> mha(cfg, 9);
+  MultiHeadAttention<T> mha(ModuleConfig(12, 3).input_dims(5, 7), 9);
   const auto query = random.normal_tensor<T, 3>({2, 4, 12});
   const auto key = random.normal_tensor<T, 3>({2, 9, 5});
   const auto value = random.normal_tensor<T, 3>({2, 9, 7});
@@ -167,7 +149,7 @@ TYPED_TEST(MultiHeadTest, CrossAttentionIsInvariantToJointKeyValuePermutation) {
 TYPED_TEST(MultiHeadTest, CausalRowIgnoresLaterTokens) {
   using T = TypeParam;
   Random random(5);
-  MultiHeadAttention<T> mha(config(8, 2), 1);
+  MultiHeadAttention<T> mha(ModuleConfig(8, 2), 1);
   auto x = random.normal_tensor<T, 3>({1, 6, 8});
   AttentionOptions<T> opts;
   opts.causal = Causal::top_left;
@@ -180,8 +162,6 @@ TYPED_TEST(MultiHeadTest, CausalRowIgnoresLaterTokens) {
 }
 
 // ---- the module against its parts ----------------------------------------------------------------
-
-using test::module_by_hand;
 
 TYPED_TEST(MultiHeadTest, ModuleMatchesItsPartsAcrossConfigurations) {
   using T = TypeParam;
@@ -201,18 +181,14 @@ TYPED_TEST(MultiHeadTest, ModuleMatchesItsPartsAcrossConfigurations) {
       {18, 6, 3, 0, 0, 0, RopeStyle::half, true, true, 7, 7, Causal::top_left},           // ALiBi, 6 heads
   };
   for (const Case& c : cases) {
-    MultiHeadAttentionConfig cfg = config(c.E, c.H);
-    cfg.num_kv_heads = c.Hkv;
-    cfg.kdim = c.kdim;
-    cfg.vdim = c.vdim;
-    cfg.rope_dim = c.rope_dim;
-    cfg.rope_style = c.style;
-    cfg.alibi = c.alibi;
-    cfg.bias = c.bias;
-    MultiHeadAttention<T> mha(cfg, 7);
-    auto& p = mha.params();
-    if (c.bias)
-      for (Tensor<T, 1>* b : {&p.q_bias, &p.k_bias, &p.v_bias, &p.out_bias}) *b = random.normal_tensor<T, 1>(b->shape());
+    MultiHeadAttention<T> mha(ModuleConfig(c.E, c.H)
+                                  .kv_heads(c.Hkv)
+                                  .input_dims(c.kdim, c.vdim)
+                                  .rope(c.rope_dim, c.style)
+                                  .with_alibi(c.alibi)
+                                  .with_bias(c.bias),
+                              7);
+    randomize_biases(mha, random);
     const auto query = random.normal_tensor<T, 3>({2, c.Lq, c.E});
     const auto key = random.normal_tensor<T, 3>({2, c.Lk, mha.config().kdim});
     const auto value = random.normal_tensor<T, 3>({2, c.Lk, mha.config().vdim});
@@ -235,9 +211,7 @@ TYPED_TEST(MultiHeadTest, ModuleMatchesItsPartsAcrossConfigurations) {
 TYPED_TEST(MultiHeadTest, FusedProjectionEqualsSeparateProjections) {
   using T = TypeParam;
   Random random(7);
-  MultiHeadAttentionConfig cfg = config(16, 4);
-  cfg.num_kv_heads = 2;
-  MultiHeadAttention<T> mha(cfg, 2);
+  MultiHeadAttention<T> mha(ModuleConfig(16, 4).kv_heads(2), 2);
   const auto x = random.normal_tensor<T, 3>({2, 9, 16});
   const Tensor<T, 3> copy = x;  // different memory: takes the three-GEMM path
   EXPECT_TRUE(all_close(mha.forward(x).output, mha.forward(x, copy, copy).output, default_tolerance<T>()));
@@ -248,9 +222,7 @@ TYPED_TEST(MultiHeadTest, FusedProjectionEqualsSeparateProjections) {
 TYPED_TEST(MultiHeadTest, RopeQueryPositionsAreBottomRightAligned) {
   using T = TypeParam;
   Random random(8);
-  MultiHeadAttentionConfig cfg = config(16, 2);
-  cfg.rope_dim = 8;
-  MultiHeadAttention<T> mha(cfg, 4);
+  MultiHeadAttention<T> mha(ModuleConfig(16, 2).rope(8), 4);
   const auto x = random.normal_tensor<T, 3>({1, 6, 16});
   const TensorView<const T, 3> last(x.data() + 5 * 16, {1, 1, 16});
   const auto full = mha.forward(x).output;
@@ -261,7 +233,7 @@ TYPED_TEST(MultiHeadTest, RopeQueryPositionsAreBottomRightAligned) {
 TYPED_TEST(MultiHeadTest, AlibiConfigEqualsAlibiOption) {
   using T = TypeParam;
   Random random(9);
-  MultiHeadAttentionConfig cfg = config(12, 6);
+  MultiHeadAttentionConfig cfg = ModuleConfig(12, 6);
   MultiHeadAttention<T> plain(cfg, 5);
   cfg.alibi = true;
   MultiHeadAttention<T> with_alibi(cfg, 5);
@@ -276,7 +248,7 @@ TYPED_TEST(MultiHeadTest, AlibiConfigEqualsAlibiOption) {
 TYPED_TEST(MultiHeadTest, PerHeadWeightsOnRequest) {
   using T = TypeParam;
   Random random(10);
-  MultiHeadAttention<T> mha(config(8, 2), 1);
+  MultiHeadAttention<T> mha(ModuleConfig(8, 2), 1);
   const auto x = random.normal_tensor<T, 3>({2, 5, 8});
   AttentionOptions<T> opts;
   EXPECT_EQ(mha.forward(x, opts).weights.size(), 0);
@@ -297,9 +269,7 @@ TYPED_TEST(MultiHeadTest, PerHeadWeightsOnRequest) {
 TYPED_TEST(MultiHeadTest, DropoutOnlyInTrainingMode) {
   using T = TypeParam;
   Random random(11);
-  MultiHeadAttentionConfig cfg = config(8, 2);
-  cfg.dropout = 0.5;
-  MultiHeadAttention<T> mha(cfg, 1);
+  MultiHeadAttention<T> mha(ModuleConfig(8, 2).with_dropout(0.5), 1);
   const auto x = random.normal_tensor<T, 3>({1, 6, 8});
   AttentionOptions<T> opts;
   opts.dropout_p = T(0.5);  // cfg.dropout's value: accepted, and applied in training mode only
@@ -314,7 +284,7 @@ TYPED_TEST(MultiHeadTest, DropoutOnlyInTrainingMode) {
 
 TYPED_TEST(MultiHeadTest, InitialisationIsSeededXavierUniformWithZeroBiases) {
   using T = TypeParam;
-  MultiHeadAttentionConfig cfg = config(32, 4);
+  MultiHeadAttentionConfig cfg = ModuleConfig(32, 4);
   cfg.kdim = 16;
   const MultiHeadAttention<T> a(cfg, 1), b(cfg, 1), c(cfg, 2);
   EXPECT_TRUE(all_close(a.params().q_weight, b.params().q_weight, 0.0));
@@ -344,7 +314,7 @@ TYPED_TEST(MultiHeadTest, InitialisationIsSeededXavierUniformWithZeroBiases) {
 // another seed gives other weights in every matrix.
 TYPED_TEST(MultiHeadTest, DefaultSeedIsZeroSoUnseededModulesAreIdentical) {
   using T = TypeParam;
-  const MultiHeadAttentionConfig cfg = config(16, 4);
+  const MultiHeadAttentionConfig cfg = ModuleConfig(16, 4);
   const MultiHeadAttention<T> a(cfg), b(cfg), zero(cfg, 0), one(cfg, 1);
   const auto weights = [](const MultiHeadAttention<T>& m) {
     const MhaParams<T>& p = m.params();
@@ -361,7 +331,7 @@ TYPED_TEST(MultiHeadTest, DefaultSeedIsZeroSoUnseededModulesAreIdentical) {
 TYPED_TEST(MultiHeadTest, StridedInputViewsEqualContiguousCopies) {
   using T = TypeParam;
   Random random(12);
-  MultiHeadAttention<T> mha(config(8, 2), 1);
+  MultiHeadAttention<T> mha(ModuleConfig(8, 2), 1);
   const auto wide = random.normal_tensor<T, 3>({2, 5, 24});  // x is the middle 8 columns of each row
   const TensorView<const T, 3> x(wide.data() + 8, {2, 5, 8}, {5 * 24, 24, 1});
   const Tensor<T, 3> copy(x);
@@ -370,12 +340,11 @@ TYPED_TEST(MultiHeadTest, StridedInputViewsEqualContiguousCopies) {
 
 // ---- errors ----------------------------------------------------------------------------------------
 
-
 TYPED_TEST(MultiHeadTest, BadConfigurationsThrowNamingTheField) {
   using T = TypeParam;
   const auto make = [](auto change) {
     return [change] {
-      MultiHeadAttentionConfig cfg = config(16, 4);
+      MultiHeadAttentionConfig cfg = ModuleConfig(16, 4);
       change(cfg);
       MultiHeadAttention<T> mha(cfg);
     };
@@ -393,9 +362,7 @@ TYPED_TEST(MultiHeadTest, BadConfigurationsThrowNamingTheField) {
 
 TYPED_TEST(MultiHeadTest, BadInputsThrowBeforeAnyWork) {
   using T = TypeParam;
-  MultiHeadAttentionConfig cfg = config(8, 2);
-  cfg.kdim = 6;
-  MultiHeadAttention<T> mha(cfg);
+  MultiHeadAttention<T> mha(ModuleConfig(8, 2).input_dims(6, 0));
   const Tensor<T, 3> query({2, 4, 8}), key({2, 5, 6}), value({2, 5, 8});
   expect_error<ShapeError>([&] { mha.forward(Tensor<T, 3>({2, 4, 7}), key, value); },
                            {"[MultiHeadAttention::forward]", "query", "(*, *, 8)", "(2, 4, 7)"});
@@ -418,7 +385,7 @@ TYPED_TEST(MultiHeadTest, BadInputsThrowBeforeAnyWork) {
 TYPED_TEST(MultiHeadTest, MasksOfRankTwoAndThreeEqualTheirRankFourViews) {
   using T = TypeParam;
   Random random(15);
-  MultiHeadAttention<T> mha(config(8, 2), 1);
+  MultiHeadAttention<T> mha(ModuleConfig(8, 2), 1);
   const auto x = random.normal_tensor<T, 3>({2, 5, 8});
   const Tensor<bool, 2> allowed = random.bool_tensor<2>({5, 5}, 0.7);
   const Tensor<T, 3> bias = random.normal_tensor<T, 3>({2, 5, 5});
@@ -439,9 +406,7 @@ TYPED_TEST(MultiHeadTest, MasksOfRankTwoAndThreeEqualTheirRankFourViews) {
 TYPED_TEST(MultiHeadTest, ForwardRefusesADropoutRateItWouldIgnore) {
   using T = TypeParam;
   Random random(13);
-  MultiHeadAttentionConfig cfg = config(8, 2);
-  cfg.dropout = 0.25;
-  MultiHeadAttention<T> mha(cfg, 1);
+  MultiHeadAttention<T> mha(ModuleConfig(8, 2).with_dropout(0.25), 1);
   const auto x = random.normal_tensor<T, 3>({2, 5, 8});
   for (bool training : {false, true}) {
     SCOPED_TRACE(training ? "training" : "eval");
@@ -478,7 +443,7 @@ TYPED_TEST(MultiHeadTest, ForwardRefusesADropoutRateItWouldIgnore) {
 TYPED_TEST(MultiHeadTest, StepRefusesOptionsItWouldIgnore) {
   using T = TypeParam;
   Random random(14);
-  MultiHeadAttention<T> mha(config(8, 2), 1);
+  MultiHeadAttention<T> mha(ModuleConfig(8, 2), 1);
   const auto prompt = random.normal_tensor<T, 3>({1, 4, 8});
   const auto token = random.normal_tensor<T, 3>({1, 1, 8});
   auto cache = mha.make_cache(1), plain = mha.make_cache(1);
@@ -511,4 +476,4 @@ TYPED_TEST(MultiHeadTest, StepRefusesOptionsItWouldIgnore) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

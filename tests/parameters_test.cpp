@@ -18,11 +18,8 @@
 #include <string>
 #include <vector>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
-
-using test::expect_error;
-using test::Random;
 
 TransformerStackConfig stack_config(bool bias) {
   TransformerStackConfig cfg;
@@ -157,4 +154,4 @@ TEST(ParametersTest, ClipLeavesNonFiniteGradientsAlone) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

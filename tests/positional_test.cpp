@@ -120,9 +120,7 @@ long double dot(const std::vector<T>& a, const std::vector<T>& b) {
   return s;
 }
 
-template <typename T>
-class PositionalTest : public ::testing::Test {};
-TYPED_TEST_SUITE(PositionalTest, selfattn::test::Scalars, );
+SELFATTN_SCALAR_TEST_SUITE(PositionalTest);
 
 const RopeStyle kStyles[] = {RopeStyle::half, RopeStyle::interleaved};
 

@@ -16,17 +16,10 @@
 #include <string>
 #include <vector>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
 
-using test::all_close;
-using test::default_tolerance;
-using test::expect_error;
-using test::Random;
-
-template <typename T>
-class ProjectionTest : public ::testing::Test {};
-TYPED_TEST_SUITE(ProjectionTest, test::Scalars, );
+SELFATTN_SCALAR_TEST_SUITE(ProjectionTest);
 
 // y[b, l, o] = sum_i x[b, l, i] W[o, i] + bias[o], accumulated in long double.
 template <typename T>
@@ -337,4 +330,4 @@ TYPED_TEST(ProjectionTest, BiasOfTheWrongLengthThrows) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

@@ -10,10 +10,8 @@
 #include <limits>
 #include <stdexcept>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
-
-using test::expect_error;
 
 WarmupCosineSchedule schedule(double peak, double min, Index warmup, Index total) {
   WarmupCosineSchedule s;
@@ -61,4 +59,4 @@ TEST(WarmupCosineScheduleTest, ErrorsNameTheField) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

@@ -23,17 +23,12 @@
 #include <string>
 #include <vector>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
 
 using detail::DecodePath;
-using test::all_close;
-using test::default_tolerance;
-using test::Random;
 
-template <typename T>
-class SoftmaxRulesTest : public ::testing::Test {};
-TYPED_TEST_SUITE(SoftmaxRulesTest, test::Scalars, );
+SELFATTN_SCALAR_TEST_SUITE(SoftmaxRulesTest);
 
 template <typename T>
 constexpr T minus_infinity = -std::numeric_limits<T>::infinity();
@@ -240,4 +235,4 @@ TYPED_TEST(SoftmaxRulesTest, MergeOfPartialsFollowsTheSameRules) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

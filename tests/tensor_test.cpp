@@ -19,16 +19,10 @@
 #include <utility>
 #include <vector>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
 
-using test::all_close;
-using test::expect_error;
-using test::Random;
-
-template <typename T>
-class TensorTest : public ::testing::Test {};
-TYPED_TEST_SUITE(TensorTest, test::Scalars, );
+SELFATTN_SCALAR_TEST_SUITE(TensorTest);
 
 // Fills a tensor with its flat index: element n is n, so every position is distinguishable.
 template <typename T, int Rank>
@@ -778,4 +772,4 @@ TEST(TensorSum, IntegerTensorsAddToo) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

@@ -9,6 +9,7 @@
 
 #include "support/brute_force.hpp"
 #include "support/compare.hpp"
+#include "support/module_config.hpp"
 #include "support/random.hpp"
 #include "support/scalars.hpp"
 
@@ -20,13 +21,10 @@
 #include <omp.h>
 #endif
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
 
 using detail::DecodePath;
-using test::all_close;
-using test::default_tolerance;
-using test::Random;
 
 #ifdef _OPENMP
 // Runs f() with `threads` OpenMP threads, then restores the count it found.
@@ -78,9 +76,7 @@ TEST(FusedTest, ThreadCountChangesNothingButRounding) {
 #endif
 }
 
-template <typename T>
-class DecodeThreadsTest : public ::testing::Test {};
-TYPED_TEST_SUITE(DecodeThreadsTest, test::Scalars, );
+SELFATTN_SCALAR_TEST_SUITE(DecodeThreadsTest);
 
 // One decode step of `path` on 1 and 2 threads, and again on 1: the partials of the chunks are merged in chunk
 // order whoever computed them, so all three are the same bits; and they are the brute force's result.
@@ -128,15 +124,9 @@ TYPED_TEST(DecodeThreadsTest, StreamingResultDoesNotDependOnTheThreadCount) {
 TEST(ModuleThreadsTest, ThreadCountChangesNothingButRounding) {
   SELFATTN_SKIP_WITHOUT_OPENMP();
 #ifdef _OPENMP
-  MultiHeadAttentionConfig cfg;
-  cfg.embed_dim = 256;
-  cfg.num_heads = 8;
-  cfg.num_kv_heads = 2;
-  cfg.rope_dim = 32;
-  MultiHeadAttention<double> mha(cfg, 9);
+  MultiHeadAttention<double> mha(ModuleConfig(256, 8).kv_heads(2).rope(32), 9);
   Random random(46);
-  for (Tensor<double, 1>* b : {&mha.params().q_bias, &mha.params().k_bias, &mha.params().v_bias, &mha.params().out_bias})
-    *b = random.normal_tensor<double, 1>(b->shape());
+  randomize_biases(mha, random);
   const auto x = random.normal_tensor<double, 3>({1, 300, 256});
   const auto dout = random.normal_tensor<double, 3>({1, 300, 256});
   AttentionOptions<double> opts;
@@ -161,4 +151,4 @@ TEST(ModuleThreadsTest, ThreadCountChangesNothingButRounding) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

@@ -17,14 +17,8 @@
 #include <string>
 #include <vector>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
-
-using test::all_close;
-using test::gradient_tolerance;
-using test::numerical_gradient;
-using test::Random;
-using test::weighted_sum;
 
 /// Checks a gradient against central differences; an absent (empty) parameter must have an empty gradient.
 template <int Rank, typename Loss>
@@ -620,4 +614,4 @@ TEST(TransformerStateDictTest, RoundTripAndStrictLoading) {
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

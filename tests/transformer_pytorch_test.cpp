@@ -23,11 +23,8 @@
 #include <string>
 #include <vector>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
-
-using test::all_close;
-using test::Fixture;
 
 constexpr double double_tolerance = 1e-10;
 constexpr double float_tolerance = 1e-4;
@@ -260,4 +257,4 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, TransformerPyTorchConformance,
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test
