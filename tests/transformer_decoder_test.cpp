@@ -18,29 +18,8 @@
 #include <string>
 #include <vector>
 
-namespace selfattn {
+namespace selfattn::test {
 namespace {
-
-using test::all_close;
-using test::Fixture;
-using test::Random;
-
-// Every tensor of a decoder layer's parameters beside its gradient, by the name of params().
-template <typename P, typename G, typename F>
-void for_each_decoder_param(P& p, G& g, F&& f) {
-  test::for_each_mha_param("self_attn.", p.self_attn, g.self_attn, f);
-  test::for_each_mha_param("multihead_attn.", p.multihead_attn, g.multihead_attn, f);
-  f("linear1_weight", p.linear1_weight, g.linear1_weight);
-  f("linear1_bias", p.linear1_bias, g.linear1_bias);
-  f("linear2_weight", p.linear2_weight, g.linear2_weight);
-  f("linear2_bias", p.linear2_bias, g.linear2_bias);
-  f("norm1_weight", p.norm1_weight, g.norm1_weight);
-  f("norm1_bias", p.norm1_bias, g.norm1_bias);
-  f("norm2_weight", p.norm2_weight, g.norm2_weight);
-  f("norm2_bias", p.norm2_bias, g.norm2_bias);
-  f("norm3_weight", p.norm3_weight, g.norm3_weight);
-  f("norm3_bias", p.norm3_bias, g.norm3_bias);
-}
 
 // ---- PyTorch conformance ----------------------------------------------------------------------------
 
@@ -139,7 +118,7 @@ void run_fixture(const std::string& case_name, const Fixture& fx, double toleran
 class DecoderPyTorchConformance : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(DecoderPyTorchConformance, OutputAndEveryGradientMatchPyTorch) {
-  const Fixture fx = test::load_fixture(test::fixture_path("decoder_" + GetParam() + ".txt"));
+  const Fixture fx = load_fixture(fixture_path("decoder_" + GetParam() + ".txt"));
   {
     SCOPED_TRACE("double");
     run_fixture<double>(GetParam(), fx, 1e-10);
@@ -213,42 +192,22 @@ std::vector<DecoderCase> decoder_cases() {
   return cases;
 }
 
-template <typename P>
-void randomize(P& params, Random& rng) {
-  P unused = params;
-  for_each_decoder_param(params, unused, [&](const std::string&, auto& p, auto&) {
-    for (Index n = 0; n < p.size(); ++n) p.data()[n] = rng.uniform(-0.8, 0.8);
-  });
-}
-
-template <int Rank, typename Loss>
-void expect_gradient(const std::string& name, Tensor<double, Rank>& param, const Tensor<double, Rank>& grad,
-                     Loss&& loss) {
-  if (param.size() == 0) {
-    EXPECT_EQ(grad.size(), 0) << name << ": the parameter is absent, its gradient must be empty";
-    return;
-  }
-  EXPECT_TRUE(all_close(grad, test::numerical_gradient(param, loss), test::gradient_tolerance)) << name;
-}
-
 TEST(TransformerDecoderLayerTest, EveryGradientMatchesFiniteDifferences) {
   for (const DecoderCase& c : decoder_cases()) {
     SCOPED_TRACE(c.name);
     TransformerDecoderLayer<double> layer(c.cfg, 21);
     layer.set_training(c.training);
     Random rng(22);
-    randomize(layer.params(), rng);
+    randomize_layer(layer.params(), rng);
     Tensor<double, 3> x = rng.normal_tensor<double, 3>({2, 4, 8});
     Tensor<double, 3> memory = rng.normal_tensor<double, 3>({2, 5, 6});
     const Tensor<double, 3> weights = rng.normal_tensor<double, 3>({2, 4, 8});
-    const auto loss = [&] {
-      return test::weighted_sum(layer.forward(x, memory, c.opts, c.memory_opts).output, weights);
-    };
+    const auto loss = [&] { return weighted_sum(layer.forward(x, memory, c.opts, c.memory_opts).output, weights); };
     const TransformerDecoderLayerGradients<double> g =
         layer.backward(weights, layer.forward(x, memory, c.opts, c.memory_opts));
     expect_gradient("x", x, g.d_input, loss);
     expect_gradient("memory", memory, g.d_memory, loss);
-    for_each_decoder_param(layer.params(), g.params, [&](const std::string& name, auto& param, const auto& grad) {
+    for_each_decoder_layer_param(layer.params(), g.params, [&](const std::string& name, auto& param, const auto& grad) {
       expect_gradient(name, param, grad, loss);
     });
   }
@@ -260,7 +219,7 @@ TEST(TransformerDecoderLayerTest, StepInPiecesEqualsTheForward) {
     SCOPED_TRACE(c.name);
     TransformerDecoderLayer<double> layer(c.cfg, 23);
     Random rng(24);
-    randomize(layer.params(), rng);
+    randomize_layer(layer.params(), rng);
     const Tensor<double, 3> x = rng.normal_tensor<double, 3>({2, 7, 8});
     const Tensor<double, 3> memory = rng.normal_tensor<double, 3>({2, 5, 6});
     const Tensor<double, 3> full = layer.forward(x, memory, {}, c.memory_opts).output;
@@ -305,34 +264,34 @@ TEST(TransformerDecoderLayerTest, ForwardKeepsTemporaryInputsForBackward) {
   const TransformerDecoderLayerForward<double> copy = kept;
   kept = TransformerDecoderLayerForward<double>();
   const auto g = layer.backward(dout, copy);
-  EXPECT_EQ(test::max_abs_difference(g.d_input, expected.d_input), 0.0);
-  EXPECT_EQ(test::max_abs_difference(g.d_memory, expected.d_memory), 0.0);
+  EXPECT_EQ(max_abs_difference(g.d_input, expected.d_input), 0.0);
+  EXPECT_EQ(max_abs_difference(g.d_memory, expected.d_memory), 0.0);
 }
 
 TEST(TransformerDecoderLayerTest, BadArgumentsThrowNamingThem) {
   TransformerDecoderLayerConfig cfg = small_decoder_config();
   cfg.memory_dim = -2;
-  test::expect_error<std::invalid_argument>([&] { TransformerDecoderLayer<float> l(cfg); },
-                                            {"TransformerDecoderLayer", "cfg.memory_dim"});
+  expect_error<std::invalid_argument>([&] { TransformerDecoderLayer<float> l(cfg); },
+                                      {"TransformerDecoderLayer", "cfg.memory_dim"});
   cfg = small_decoder_config();
   cfg.ffn_dim = 0;
-  test::expect_error<std::invalid_argument>([&] { TransformerDecoderLayer<float> l(cfg); }, {"cfg.ffn_dim"});
+  expect_error<std::invalid_argument>([&] { TransformerDecoderLayer<float> l(cfg); }, {"cfg.ffn_dim"});
 
   TransformerDecoderLayer<float> layer(small_decoder_config());
   Tensor<float, 3> x({2, 3, 8}), memory({2, 4, 6}), narrow({2, 4, 5}), other_batch({1, 4, 6});
   const char* fn = "TransformerDecoderLayer::forward";
-  test::expect_error<ShapeError>([&] { layer.forward(x, narrow); }, {fn, "memory", "(2, *, 6)", "(2, 4, 5)"});
-  test::expect_error<ShapeError>([&] { layer.forward(x, other_batch); }, {fn, "memory", "(1, 4, 6)"});
+  expect_error<ShapeError>([&] { layer.forward(x, narrow); }, {fn, "memory", "(2, *, 6)", "(2, 4, 5)"});
+  expect_error<ShapeError>([&] { layer.forward(x, other_batch); }, {fn, "memory", "(1, 4, 6)"});
   AttentionOptions<float> opts;
   opts.key_lengths = {4, 9};
-  test::expect_error<std::invalid_argument>([&] { layer.forward(x, memory, {}, opts); }, {fn, "key_lengths"});
+  expect_error<std::invalid_argument>([&] { layer.forward(x, memory, {}, opts); }, {fn, "key_lengths"});
   opts = {};
   opts.dropout_p = 0.5f;
-  test::expect_error<std::invalid_argument>([&] { layer.forward(x, memory, {}, opts); }, {fn, "dropout_p"});
+  expect_error<std::invalid_argument>([&] { layer.forward(x, memory, {}, opts); }, {fn, "dropout_p"});
   const auto f = layer.forward(x, memory);
-  test::expect_error<ShapeError>([&] { layer.backward(memory, f); }, {"TransformerDecoderLayer::backward", "dout"});
+  expect_error<ShapeError>([&] { layer.backward(memory, f); }, {"TransformerDecoderLayer::backward", "dout"});
   layer.params().norm3_weight = Tensor<float, 1>({3});
-  test::expect_error<ShapeError>([&] { layer.forward(x, memory); }, {fn, "params().norm3_weight", "(8)", "(3)"});
+  expect_error<ShapeError>([&] { layer.forward(x, memory); }, {fn, "params().norm3_weight", "(8)", "(3)"});
 }
 
 TEST(TransformerDecoderLayerTest, FailedStepLeavesTheCacheAsItWas) {
@@ -344,17 +303,16 @@ TEST(TransformerDecoderLayerTest, FailedStepLeavesTheCacheAsItWas) {
   const char* fn = "TransformerDecoderLayer::step";
   AttentionOptions<float> memory_opts;
   memory_opts.key_lengths = {4, 5};  // past the memory's 4 rows
-  test::expect_error<std::invalid_argument>([&] { layer.step(x, cache, source, {}, memory_opts); },
-                                            {fn, "key_lengths"});
+  expect_error<std::invalid_argument>([&] { layer.step(x, cache, source, {}, memory_opts); }, {fn, "key_lengths"});
   MemoryKeysValues<float> wrong = source;
   wrong.values = Tensor<float, 4>({2, 2, 3, 4});
-  test::expect_error<ShapeError>([&] { layer.step(x, cache, wrong); }, {fn, "memory.values", "(2, 2, 3, 4)"});
+  expect_error<ShapeError>([&] { layer.step(x, cache, wrong); }, {fn, "memory.values", "(2, 2, 3, 4)"});
   Tensor<float, 3> other_batch({1, 4, 6});
-  test::expect_error<ShapeError>([&] { layer.step(x, cache, layer.project_memory(other_batch)); },
-                                 {fn, "memory.keys", "(1, 2, 4, 4)"});
+  expect_error<ShapeError>([&] { layer.step(x, cache, layer.project_memory(other_batch)); },
+                           {fn, "memory.keys", "(1, 2, 4, 4)"});
   EXPECT_EQ(cache.length(), 1) << "a failed step leaves the cache as it was";
-  test::expect_error<ShapeError>([&] { layer.project_memory(x); },
-                                 {"TransformerDecoderLayer::project_memory", "memory", "(*, *, 6)"});
+  expect_error<ShapeError>([&] { layer.project_memory(x); },
+                           {"TransformerDecoderLayer::project_memory", "memory", "(*, *, 6)"});
 }
 
 // ---- The stack ----------------------------------------------------------------------------------------
@@ -372,7 +330,7 @@ TEST(TransformerDecoderStackTest, EveryGradientMatchesFiniteDifferences) {
   TransformerDecoderStack<double> stack(small_stack_config(), 31);
   Random rng(32);
   TransformerDecoderStackParams<double>& p = stack.params();
-  for (TransformerDecoderLayerParams<double>& layer : p.layers) randomize(layer, rng);
+  for (TransformerDecoderLayerParams<double>& layer : p.layers) randomize_layer(layer, rng);
   p.norm_weight = rng.uniform_tensor<double, 1>(p.norm_weight.shape(), 0.5, 1.5);
   p.norm_bias = rng.uniform_tensor<double, 1>(p.norm_bias.shape());
   Tensor<double, 3> x = rng.normal_tensor<double, 3>({2, 4, 8});
@@ -380,15 +338,15 @@ TEST(TransformerDecoderStackTest, EveryGradientMatchesFiniteDifferences) {
   const Tensor<double, 3> weights = rng.normal_tensor<double, 3>({2, 4, 8});
   AttentionOptions<double> source;
   source.key_lengths = {3, 2};
-  const auto loss = [&] { return test::weighted_sum(stack.forward(x, memory, {}, source).output, weights); };
+  const auto loss = [&] { return weighted_sum(stack.forward(x, memory, {}, source).output, weights); };
   const auto g = stack.backward(weights, stack.forward(x, memory, {}, source));
   expect_gradient("x", x, g.d_input, loss);
   expect_gradient("memory (summed over the layers)", memory, g.d_memory, loss);
   for (std::size_t i = 0; i < p.layers.size(); ++i)
-    for_each_decoder_param(p.layers[i], g.params.layers[i],
-                           [&](const std::string& name, auto& param, const auto& grad) {
-                             expect_gradient("layers." + std::to_string(i) + "." + name, param, grad, loss);
-                           });
+    for_each_decoder_layer_param(p.layers[i], g.params.layers[i],
+                                 [&](const std::string& name, auto& param, const auto& grad) {
+                                   expect_gradient("layers." + std::to_string(i) + "." + name, param, grad, loss);
+                                 });
   expect_gradient("norm_weight", p.norm_weight, g.params.norm_weight, loss);
   expect_gradient("norm_bias", p.norm_bias, g.params.norm_bias, loss);
 }
@@ -396,7 +354,7 @@ TEST(TransformerDecoderStackTest, EveryGradientMatchesFiniteDifferences) {
 TEST(TransformerDecoderStackTest, StepThroughEveryLayerEqualsTheForward) {
   TransformerDecoderStack<double> stack(small_stack_config(), 33);
   Random rng(34);
-  for (TransformerDecoderLayerParams<double>& layer : stack.params().layers) randomize(layer, rng);
+  for (TransformerDecoderLayerParams<double>& layer : stack.params().layers) randomize_layer(layer, rng);
   const Tensor<double, 3> x = rng.normal_tensor<double, 3>({2, 6, 8});
   const Tensor<double, 3> memory = rng.normal_tensor<double, 3>({2, 5, 6});
   AttentionOptions<double> source;
@@ -425,16 +383,16 @@ TEST(TransformerDecoderStackTest, FailedStepLeavesEveryCacheAsItWas) {
   const char* fn = "TransformerDecoderStack::step";
   AttentionOptions<float> source;
   source.key_lengths = {7};
-  test::expect_error<std::invalid_argument>([&] { stack.step(x, cache, projected, {}, source); }, {fn, "key_lengths"});
+  expect_error<std::invalid_argument>([&] { stack.step(x, cache, projected, {}, source); }, {fn, "key_lengths"});
   projected.layers[1].keys = Tensor<float, 4>({1, 2, 4, 3});  // head dim 3, not 4
-  test::expect_error<ShapeError>([&] { stack.step(x, cache, projected); }, {fn, "memory.keys", "(1, 2, 4, 3)"});
+  expect_error<ShapeError>([&] { stack.step(x, cache, projected); }, {fn, "memory.keys", "(1, 2, 4, 3)"});
   projected.layers.pop_back();
-  test::expect_error<std::invalid_argument>([&] { stack.step(x, cache, projected); }, {fn, "memory", "holds 1 layers"});
+  expect_error<std::invalid_argument>([&] { stack.step(x, cache, projected); }, {fn, "memory", "holds 1 layers"});
   for (const KVCache<float>& layer : cache.layers) EXPECT_EQ(layer.length(), 2) << "no layer stepped";
   TransformerDecoderStackConfig cfg = small_stack_config();
   cfg.num_layers = 0;
-  test::expect_error<std::invalid_argument>([&] { TransformerDecoderStack<float> s(cfg); },
-                                            {"TransformerDecoderStack", "cfg.num_layers"});
+  expect_error<std::invalid_argument>([&] { TransformerDecoderStack<float> s(cfg); },
+                                      {"TransformerDecoderStack", "cfg.num_layers"});
 }
 
 // ---- The module's memory entries ----------------------------------------------------------------------
@@ -458,9 +416,8 @@ TEST(MultiHeadAttentionMemoryTest, AttendMemoryIsTheForwardBitForBit) {
   opts.window_left = 2;
   const MemoryKeysValues<double> memory = mha.project_memory(key, value);
   EXPECT_EQ(memory.keys.shape(), (std::array<Index, 4>{3, 2, 6, 2}));
-  EXPECT_EQ(
-      test::max_abs_difference(mha.attend_memory(query, memory, opts), mha.forward(query, key, value, opts).output),
-      0.0);
+  EXPECT_EQ(max_abs_difference(mha.attend_memory(query, memory, opts), mha.forward(query, key, value, opts).output),
+            0.0);
 }
 
 TEST(MultiHeadAttentionMemoryTest, PositionsAndTrainingOptionsAreRefused) {
@@ -469,23 +426,22 @@ TEST(MultiHeadAttentionMemoryTest, PositionsAndTrainingOptionsAreRefused) {
   cfg.num_heads = 2;
   Tensor<float, 3> x({1, 3, 8});
   cfg.rope_dim = 2;
-  test::expect_error<std::invalid_argument>([&] { MultiHeadAttention<float>(cfg).project_memory(x, x); },
-                                            {"MultiHeadAttention::project_memory", "cfg.rope_dim"});
+  expect_error<std::invalid_argument>([&] { MultiHeadAttention<float>(cfg).project_memory(x, x); },
+                                      {"MultiHeadAttention::project_memory", "cfg.rope_dim"});
   cfg.rope_dim = 0;
   cfg.alibi = true;
-  test::expect_error<std::invalid_argument>([&] { MultiHeadAttention<float>(cfg).project_memory(x, x); },
-                                            {"cfg.alibi"});
+  expect_error<std::invalid_argument>([&] { MultiHeadAttention<float>(cfg).project_memory(x, x); }, {"cfg.alibi"});
   cfg.alibi = false;
   const MultiHeadAttention<float> mha(cfg);
   const MemoryKeysValues<float> memory = mha.project_memory(x, x);
   AttentionOptions<float> opts;
   opts.need_weights = true;
-  test::expect_error<std::invalid_argument>([&] { mha.attend_memory(x, memory, opts); },
-                                            {"MultiHeadAttention::attend_memory", "opts.need_weights"});
+  expect_error<std::invalid_argument>([&] { mha.attend_memory(x, memory, opts); },
+                                      {"MultiHeadAttention::attend_memory", "opts.need_weights"});
   opts = {};
   opts.dropout_p = 0.1f;
-  test::expect_error<std::invalid_argument>([&] { mha.attend_memory(x, memory, opts); }, {"opts.dropout_p"});
+  expect_error<std::invalid_argument>([&] { mha.attend_memory(x, memory, opts); }, {"opts.dropout_p"});
 }
 
 }  // namespace
-}  // namespace selfattn
+}  // namespace selfattn::test

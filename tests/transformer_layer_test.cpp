@@ -20,16 +20,6 @@
 namespace selfattn::test {
 namespace {
 
-/// Checks a gradient against central differences; an absent (empty) parameter must have an empty gradient.
-template <int Rank, typename Loss>
-void expect_gradient(const std::string& name, Tensor<double, Rank>& param, const Tensor<double, Rank>& grad, Loss&& loss) {
-  if (param.size() == 0) {
-    EXPECT_EQ(grad.size(), 0) << name << ": the parameter is absent, its gradient must be empty";
-    return;
-  }
-  EXPECT_TRUE(all_close(grad, numerical_gradient(param, loss), gradient_tolerance)) << name;
-}
-
 // ---- Norms --------------------------------------------------------------------------------------------
 
 TEST(NormTest, LayerNormAndRmsNormMatchTheirFormulas) {
@@ -279,22 +269,13 @@ std::vector<LayerCase> layer_cases() {
   return cases;
 }
 
-/// Random values for every parameter (the initialisation leaves biases 0 and norm weights 1, which would hide mistakes).
-template <typename P>
-void randomize(P& params, Random& rng) {
-  P unused = params;
-  test::for_each_layer_param(params, unused, [&](const std::string&, auto& p, auto&) {
-    for (Index n = 0; n < p.size(); ++n) p.data()[n] = rng.uniform(-0.8, 0.8);
-  });
-}
-
 TEST(TransformerLayerTest, EveryGradientMatchesFiniteDifferences) {
   for (const LayerCase& c : layer_cases()) {
     SCOPED_TRACE(c.name);
     TransformerLayer<double> layer(c.cfg, 11);
     layer.set_training(c.training);
     Random rng(12);
-    randomize(layer.params(), rng);
+    test::randomize_layer(layer.params(), rng);
     Tensor<double, 3> x = rng.normal_tensor<double, 3>({2, 4, 8});
     const Tensor<double, 3> weights = rng.normal_tensor<double, 3>({2, 4, 8});
     const auto loss = [&] { return weighted_sum(layer.forward(x, c.opts).output, weights); };
@@ -339,7 +320,7 @@ TEST(TransformerLayerTest, StepInPiecesEqualsTheCausalForward) {
     c.cfg.causal = true;
     TransformerLayer<double> layer(c.cfg, 15);
     Random rng(16);
-    randomize(layer.params(), rng);
+    test::randomize_layer(layer.params(), rng);
     const Tensor<double, 3> x = rng.normal_tensor<double, 3>({2, 7, 8});
     const Tensor<double, 3> full = layer.forward(x).output;
     KVCache<double> cache = layer.make_cache(2);
@@ -454,7 +435,7 @@ TEST(TransformerStackTest, EveryGradientMatchesFiniteDifferences) {
     TransformerStack<double> stack(cfg, 21);
     stack.set_training(training);
     Random rng(22);
-    for (TransformerLayerParams<double>& p : stack.params().layers) randomize(p, rng);
+    for (TransformerLayerParams<double>& p : stack.params().layers) test::randomize_layer(p, rng);
     for (Index n = 0; n < 8; ++n) stack.params().norm_weight.data()[n] = rng.uniform(0.5, 1.5);
     for (Index n = 0; n < 8; ++n) stack.params().norm_bias.data()[n] = rng.uniform(-0.5, 0.5);
     Tensor<double, 3> x = rng.normal_tensor<double, 3>({2, 3, 8});
@@ -482,7 +463,7 @@ TEST(TransformerStackTest, StepThroughFourLayersEqualsTheForward) {
     cfg.layer.attention.rope_dim = 2;
     TransformerStack<double> stack(cfg, 23);
     Random rng(24);
-    for (TransformerLayerParams<double>& p : stack.params().layers) randomize(p, rng);
+    for (TransformerLayerParams<double>& p : stack.params().layers) test::randomize_layer(p, rng);
     const Tensor<double, 3> x = rng.normal_tensor<double, 3>({2, 9, 8});
     const Tensor<double, 3> full = stack.forward(x).output;
     TransformerStackCache<double> cache = stack.make_cache(2);
@@ -581,7 +562,7 @@ TEST(TransformerStackTest, LayersAreDifferentAndSeedsReproduce) {
 TEST(TransformerStateDictTest, RoundTripAndStrictLoading) {
   TransformerStack<double> stack(small_stack_config(2), 31);
   Random rng(32);
-  for (TransformerLayerParams<double>& p : stack.params().layers) randomize(p, rng);
+  for (TransformerLayerParams<double>& p : stack.params().layers) test::randomize_layer(p, rng);
   StateDict<double> sd = transformer_stack_state_dict(stack.params(), stack.config());
   EXPECT_EQ(sd.count("layers.1.self_attn.in_proj_weight"), 1u);
   EXPECT_EQ(sd.count("layers.0.norm2.bias"), 1u);

@@ -17,50 +17,24 @@ residual sublayers, pre or post norm, self- and cross-attention with their masks
 and every gradient from the state dict tensors only, and must agree with PyTorch to 1e-12.
 """
 
-import math
 import os
 import sys
 
 import torch
 import torch.nn.functional as F
 
-from make_layer_fixtures import (ACTIVATIONS, NORMS, OUT_DIR, TOL, causal_mask, randomize, ref_activation,
-                                 ref_linear, ref_norm, scaled_diff, write_fixture)
+from make_layer_fixtures import (ACTIVATIONS, NORMS, causal_mask, check_reference, randomize, ref_activation,
+                                 ref_attention, ref_linear, ref_norm, scaled_diff, write_case, write_cases)
 
 torch.set_default_dtype(torch.float64)
 
 
-def ref_attention(x, mem, sd, prefix, H, causal, key_lengths):
-    """Attention of x (B, L, E) over mem (B, Lm, E); key j of batch b valid iff j < key_lengths[b]; causal: j <= i."""
-    B, L, E = x.shape
-    Lm = mem.shape[1]
-    Dh = E // H
-    w, bias = sd[prefix + "in_proj_weight"], sd[prefix + "in_proj_bias"]
-    q = (x @ w[0:E].transpose(0, 1) + bias[0:E]).reshape(B, L, H, Dh).transpose(1, 2)
-    k = (mem @ w[E:2 * E].transpose(0, 1) + bias[E:2 * E]).reshape(B, Lm, H, Dh).transpose(1, 2)
-    v = (mem @ w[2 * E:].transpose(0, 1) + bias[2 * E:]).reshape(B, Lm, H, Dh).transpose(1, 2)
-    s = (q @ k.transpose(-1, -2)) / math.sqrt(Dh)
-    ok = torch.ones(B, 1, L, Lm, dtype=torch.bool)
-    i = torch.arange(L).view(L, 1)
-    j = torch.arange(Lm).view(1, Lm)
-    if causal:
-        ok = ok & (j <= i)
-    if key_lengths is not None:
-        ok = ok & (j.view(1, 1, 1, Lm) < torch.tensor(key_lengths).view(B, 1, 1, 1))
-    assert bool(ok.any(dim=-1).all()), "a query row without keys"
-    s = s.masked_fill(~ok, float("-inf"))
-    e = torch.exp(s - s.amax(dim=-1, keepdim=True).detach())
-    p = e / e.sum(dim=-1, keepdim=True)
-    o = (p @ v).transpose(1, 2).reshape(B, L, E)
-    return ref_linear(o, sd, prefix + "out_proj.")
-
-
 def ref_decoder_layer(x, mem, sd, prefix, c, lengths, memory_lengths):
     def sa(y):
-        return ref_attention(y, y, sd, prefix + "self_attn.", c["H"], c["causal"], lengths)
+        return ref_attention(y, sd, prefix + "self_attn.", c["H"], c["causal"], lengths)
 
     def ca(y):
-        return ref_attention(y, mem, sd, prefix + "multihead_attn.", c["H"], False, memory_lengths)
+        return ref_attention(y, sd, prefix + "multihead_attn.", c["H"], False, memory_lengths, memory=mem)
 
     def ff(y):
         return ref_linear(ref_activation(ref_linear(y, sd, prefix + "linear1."), c["activation"], c["ffn"]), sd,
@@ -138,10 +112,7 @@ def run_case(name, seed, B, L, Lm, E, H, ffn, norm_first, activation, eps=1e-5, 
               "grad.memory": scaled_diff(rm.grad, mem.grad)}
     for n in params:
         checks["grad." + n] = scaled_diff(rsd[n].grad, grads[n])
-    worst = max(checks.values())
-    bad = {k: v for k, v in checks.items() if not v <= TOL}
-    if bad:
-        raise AssertionError(f"{name}: reference mismatch {bad}")
+    worst = check_reference(name, checks)
 
     # The case must discriminate what it is about: a wrong choice must change the output.
     def differs(lengths=key_lengths, mlengths=memory_lengths, **change):
@@ -166,15 +137,8 @@ def run_case(name, seed, B, L, Lm, E, H, ffn, norm_first, activation, eps=1e-5, 
         tensors.append(("memory_key_lengths", torch.tensor(memory_lengths, dtype=torch.float64)))
     tensors += [("x", x), ("memory", memory), ("dout", dout), ("output", out), ("grad.x", tgt.grad),
                 ("grad.memory", mem.grad)]
-    tensors += [(n, params[n]) for n in params]
-    tensors += [("grad." + n, grads[n]) for n in params]
-
-    kind = "decoder" if num_layers == 0 else "decoder_stack"
-    path = os.path.join(OUT_DIR, f"{kind}_{name}.txt")
-    size = write_fixture(path, name, ints, tensors)
-    print(f"{kind}_{name:24s} B={B} L={L} Lm={Lm} E={E} H={H} F={ffn} {len(params)} params  "
-          f"max scaled |ref-torch| = {worst:.2e}  {size} bytes")
-    return size, worst
+    return write_case("decoder" if num_layers == 0 else "decoder_stack", name, ints, tensors, params, grads, worst,
+                      f"B={B} L={L} Lm={Lm} E={E} H={H} F={ffn}")
 
 
 CASES = [
@@ -194,17 +158,5 @@ CASES = [
 ]
 
 
-def main():
-    os.makedirs(OUT_DIR, exist_ok=True)
-    print(f"torch {torch.__version__}, writing to {OUT_DIR}")
-    total, worst = 0, 0.0
-    for name, kw in CASES:
-        size, w = run_case(name, **kw)
-        total += size
-        worst = max(worst, w)
-    print(f"all {len(CASES)} cases match the reference to {worst:.2e} (<= {TOL:g}); total {total} bytes")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(write_cases(CASES, run_case))

@@ -115,25 +115,25 @@ def ref_linear(x, sd, prefix):
     return x @ sd[prefix + "weight"].transpose(0, 1) + sd[prefix + "bias"]
 
 
-def ref_attention(x, sd, prefix, H, causal, key_lengths):
-    """Self-attention of x (B, L, E); keys j of batch b valid iff j < key_lengths[b]; causal: j <= i."""
+def ref_attention(x, sd, prefix, H, causal, key_lengths, memory=None):
+    """Attention of x (B, L, E) over memory (B, Lm, E; x itself by default): self-attention, or a decoder's
+    cross-attention. Key j of batch b valid iff j < key_lengths[b]; causal: j <= i."""
+    mem = x if memory is None else memory
     B, L, E = x.shape
+    Lm = mem.shape[1]
     Dh = E // H
     w, bias = sd[prefix + "in_proj_weight"], sd[prefix + "in_proj_bias"]
-    q = x @ w[0:E].transpose(0, 1) + bias[0:E]
-    k = x @ w[E:2 * E].transpose(0, 1) + bias[E:2 * E]
-    v = x @ w[2 * E:].transpose(0, 1) + bias[2 * E:]
-    q = q.reshape(B, L, H, Dh).transpose(1, 2)   # (B, H, L, Dh)
-    k = k.reshape(B, L, H, Dh).transpose(1, 2)
-    v = v.reshape(B, L, H, Dh).transpose(1, 2)
+    q = (x @ w[0:E].transpose(0, 1) + bias[0:E]).reshape(B, L, H, Dh).transpose(1, 2)   # (B, H, L, Dh)
+    k = (mem @ w[E:2 * E].transpose(0, 1) + bias[E:2 * E]).reshape(B, Lm, H, Dh).transpose(1, 2)
+    v = (mem @ w[2 * E:].transpose(0, 1) + bias[2 * E:]).reshape(B, Lm, H, Dh).transpose(1, 2)
     s = (q @ k.transpose(-1, -2)) / math.sqrt(Dh)
-    ok = torch.ones(B, 1, L, L, dtype=torch.bool)
+    ok = torch.ones(B, 1, L, Lm, dtype=torch.bool)
     i = torch.arange(L).view(L, 1)
-    j = torch.arange(L).view(1, L)
+    j = torch.arange(Lm).view(1, Lm)
     if causal:
         ok = ok & (j <= i)
     if key_lengths is not None:
-        ok = ok & (j.view(1, 1, 1, L) < torch.tensor(key_lengths).view(B, 1, 1, 1))
+        ok = ok & (j.view(1, 1, 1, Lm) < torch.tensor(key_lengths).view(B, 1, 1, 1))
     assert bool(ok.any(dim=-1).all()), "a query row without keys"
     s = s.masked_fill(~ok, float("-inf"))
     e = torch.exp(s - s.amax(dim=-1, keepdim=True).detach())
@@ -214,6 +214,22 @@ def causal_mask(L, kind):
         return torch.triu(torch.ones(L, L, dtype=torch.bool), diagonal=1)
     assert kind == "float"
     return torch.triu(torch.full((L, L), float("-inf")), diagonal=1)
+
+
+def check_reference(name, checks):
+    """checks: name -> scaled difference between the reference and PyTorch; all within TOL. Returns the largest."""
+    bad = {k: v for k, v in checks.items() if not v <= TOL}
+    if bad:
+        raise AssertionError(f"{name}: reference mismatch {bad}")
+    return max(checks.values())
+
+
+def write_case(kind, name, ints, tensors, params, grads, worst, shapes):
+    """Writes <kind>_<name>.txt: the data tensors, then every parameter and its gradient under its state dict name."""
+    tensors = tensors + [(n, params[n]) for n in params] + [("grad." + n, grads[n]) for n in params]
+    size = write_fixture(os.path.join(OUT_DIR, f"{kind}_{name}.txt"), name, ints, tensors)
+    print(f"{kind + '_' + name:36s} {shapes} {len(params)} params  max scaled |ref-torch| = {worst:.2e}  {size} bytes")
+    return size, worst
 
 
 def write_fixture(path, name, ints, tensors):
@@ -297,10 +313,7 @@ def run_case(name, seed, B, L, E, H, ffn, norm_first, activation, norm="layer_no
     checks = {"output": scaled_diff(r_out, out), "grad.x": scaled_diff(rx.grad, src.grad)}
     for n in params:
         checks["grad." + n] = scaled_diff(rsd[n].grad, grads[n])
-    worst = max(checks.values())
-    bad = {k: v for k, v in checks.items() if not v <= TOL}
-    if bad:
-        raise AssertionError(f"{name}: reference mismatch {bad}")
+    worst = check_reference(name, checks)
 
     # The case must discriminate what it is about: a wrong choice must change the output.
     def differs(lengths=key_lengths, **change):
@@ -329,15 +342,8 @@ def run_case(name, seed, B, L, E, H, ffn, norm_first, activation, norm="layer_no
     if key_lengths is not None:
         tensors.append(("key_lengths", torch.tensor(key_lengths, dtype=torch.float64)))
     tensors += [("x", x), ("dout", dout), ("output", out), ("grad.x", src.grad)]
-    tensors += [(n, params[n]) for n in params]
-    tensors += [("grad." + n, grads[n]) for n in params]
-
-    kind = "layer" if num_layers == 0 else "stack"
-    path = os.path.join(OUT_DIR, f"{kind}_{name}.txt")
-    size = write_fixture(path, name, ints, tensors)
-    print(f"{kind}_{name:28s} B={B} L={L} E={E} H={H} F={ffn} {len(params)} params  "
-          f"max scaled |ref-torch| = {worst:.2e}  {size} bytes")
-    return size, worst
+    return write_case("layer" if num_layers == 0 else "stack", name, ints, tensors, params, grads, worst,
+                      f"B={B} L={L} E={E} H={H} F={ffn}")
 
 
 CASES = [
@@ -369,16 +375,21 @@ CASES = [
 ]
 
 
-def main():
+def write_cases(cases, run):
+    """Runs run(name, **keywords) for every case; each writes its file and returns (bytes, worst difference)."""
     os.makedirs(OUT_DIR, exist_ok=True)
     print(f"torch {torch.__version__}, writing to {OUT_DIR}")
     total, worst = 0, 0.0
-    for name, kw in CASES:
-        size, w = run_case(name, **kw)
+    for name, kw in cases:
+        size, w = run(name, **kw)
         total += size
         worst = max(worst, w)
-    print(f"all {len(CASES)} cases match the reference to {worst:.2e} (<= {TOL:g}); total {total} bytes")
+    print(f"all {len(cases)} cases match the reference to {worst:.2e} (<= {TOL:g}); total {total} bytes")
     return 0
+
+
+def main():
+    return write_cases(CASES, run_case)
 
 
 if __name__ == "__main__":

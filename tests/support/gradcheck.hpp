@@ -6,6 +6,12 @@
 
 #include <selfattn/tensor.hpp>
 
+#include "compare.hpp"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
 namespace selfattn::test {
 
 /// How close (all_close, relative) a gradient and its central differences must be: for smooth functions in double,
@@ -27,6 +33,18 @@ Tensor<double, Rank> numerical_gradient(Tensor<double, Rank>& x, Loss&& loss, do
     gradient.data()[n] = (up - down) / (2 * step);
   }
   return gradient;
+}
+
+/// Checks an analytic gradient against central differences of `loss` in `param` (perturbed and restored in place); an
+/// absent (empty) parameter must have an empty gradient.
+template <int Rank, typename Loss>
+void expect_gradient(const std::string& name, Tensor<double, Rank>& param, const Tensor<double, Rank>& grad,
+                     Loss&& loss) {
+  if (param.size() == 0) {
+    EXPECT_EQ(grad.size(), 0) << name << ": the parameter is absent, its gradient must be empty";
+    return;
+  }
+  EXPECT_TRUE(all_close(grad, numerical_gradient(param, loss), gradient_tolerance)) << name;
 }
 
 /// sum(y * weights): a scalar loss whose gradient with respect to y is `weights`.

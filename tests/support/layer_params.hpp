@@ -8,6 +8,8 @@
 
 #include <selfattn/selfattn.hpp>
 
+#include "random.hpp"
+
 #include <string>
 
 namespace selfattn::test {
@@ -35,6 +37,35 @@ void for_each_layer_param(P& p, G& g, F&& f, const std::string& prefix = "") {
   f(prefix + "norm1_bias", p.norm1_bias, g.norm1_bias);
   f(prefix + "norm2_weight", p.norm2_weight, g.norm2_weight);
   f(prefix + "norm2_bias", p.norm2_bias, g.norm2_bias);
+}
+
+/// A decoder layer's: the encoder layer's tensors (self-attention, FFN, norm1, norm2), the cross-attention's, norm3.
+template <typename P, typename G, typename F>
+void for_each_decoder_layer_param(P& p, G& g, F&& f, const std::string& prefix = "") {
+  for_each_layer_param(p, g, f, prefix);
+  for_each_mha_param(prefix + "multihead_attn.", p.multihead_attn, g.multihead_attn, f);
+  f(prefix + "norm3_weight", p.norm3_weight, g.norm3_weight);
+  f(prefix + "norm3_bias", p.norm3_bias, g.norm3_bias);
+}
+
+/// Every tensor of an encoder or a decoder layer's parameters, beside the same tensor of `g`.
+template <typename T, typename G, typename F>
+void for_each_param(TransformerLayerParams<T>& p, G& g, F&& f, const std::string& prefix = "") {
+  for_each_layer_param(p, g, f, prefix);
+}
+template <typename T, typename G, typename F>
+void for_each_param(TransformerDecoderLayerParams<T>& p, G& g, F&& f, const std::string& prefix = "") {
+  for_each_decoder_layer_param(p, g, f, prefix);
+}
+
+/// Uniform values in [-0.8, 0.8] for every parameter of a layer: the initialisation leaves biases 0 and norm weights
+/// 1, which would hide mistakes.
+template <typename P>
+void randomize_layer(P& params, Random& rng) {
+  P unused = params;
+  for_each_param(params, unused, [&](const std::string&, auto& p, auto&) {
+    for (Index n = 0; n < p.size(); ++n) p.data()[n] = rng.uniform(-0.8, 0.8);
+  });
 }
 
 template <typename P, typename G, typename F>

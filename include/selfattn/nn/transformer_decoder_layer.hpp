@@ -293,14 +293,14 @@ class TransformerDecoderLayer {
   /// project_memory(memory) with `parameters` in place of params().
   template <typename M>
   MemoryKeysValues<T> project_memory_with(const TransformerDecoderLayerParams<T>& parameters, const M& memory) const {
+    MemoryKeysValues<T> projected;
     if constexpr (detail::check_module_arguments<T, M>()) {
       const TensorView<const T, 3> m = detail::const_view(memory);
       detail::check_shape<3>(project_memory_name, "memory", m.shape(),
                              {detail::any_extent, detail::any_extent, config_.memory_dim});
-      return cross_attention_.project_memory_with(parameters.multihead_attn, m, m);
-    } else {
-      return {};
+      projected = cross_attention_.project_memory_with(parameters.multihead_attn, m, m);
     }
+    return projected;
   }
 
   /// step(x_new, cache, memory, opts, memory_opts, new_tokens) with `parameters` in place of params().
@@ -308,6 +308,7 @@ class TransformerDecoderLayer {
   Tensor<T, 3> step_with(const TransformerDecoderLayerParams<T>& parameters, const X& x_new, KVCache<T>& cache,
                          const MemoryKeysValues<T>& memory, const AttentionOptions<T>& opts = {},
                          const AttentionOptions<T>& memory_opts = {}, const std::vector<Index>& new_tokens = {}) const {
+    Tensor<T, 3> y;
     if constexpr (detail::check_module_arguments<T, X>()) {
       const TensorView<const T, 3> x = detail::const_view(x_new);
       check_input(step_name, "x_new", x);
@@ -316,10 +317,9 @@ class TransformerDecoderLayer {
       detail::check_mha_attend_memory(cross_attention_.config(), parameters.multihead_attn, x, memory, memory_opts,
                                       step_name);
       detail::check_step_options(step_name, opts);
-      return run_step(parameters, x, cache, memory, opts, memory_opts, new_tokens);
-    } else {
-      return {};
+      y = run_step(parameters, x, cache, memory, opts, memory_opts, new_tokens);
     }
+    return y;
   }
 
  private:
@@ -348,10 +348,6 @@ class TransformerDecoderLayer {
   template <typename P>
   static std::array<std::pair<Tensor<P, 1>*, Tensor<P, 1>*>, 3> norm_params(TransformerDecoderLayerParams<P>& p) {
     return {{{&p.norm1_weight, &p.norm1_bias}, {&p.norm2_weight, &p.norm2_bias}, {&p.norm3_weight, &p.norm3_bias}}};
-  }
-  template <typename P>
-  static detail::FeedForwardWeights<P> ffn_weights(const TransformerDecoderLayerParams<P>& p) {
-    return {p.linear1_weight.view(), p.linear1_bias.view(), p.linear2_weight.view(), p.linear2_bias.view()};
   }
 
   void check_input(const char* function, const char* name, const TensorView<const T, 3>& x) const {
@@ -417,10 +413,7 @@ class TransformerDecoderLayer {
     return detail::sublayer_forward<T>(
         norm(), p.norm3_weight, p.norm3_bias, s.h2.view(), s.dropout_p, seed(LayerDropoutSite::ffn_output), s.ffn_block,
         [&](const TensorView<const T, 3>& in) {
-          Tensor<T, 3> out(in.shape());
-          detail::feed_forward_forward<T>(config_.activation, s.dropout_p, seed(LayerDropoutSite::ffn_hidden), in,
-                                          ffn_weights(p), s.ffn, out.view());
-          return out;
+          return detail::layer_ffn_forward<T>(config_.activation, s.dropout_p, s.seed, p, in, s.ffn);
         });
   }
 
@@ -434,16 +427,9 @@ class TransformerDecoderLayer {
     const Tensor<T, 3> dh2 = detail::sublayer_backward<T>(
         norm(), p.norm3_weight, s.h2.view(), s.dropout_p, seed(LayerDropoutSite::ffn_output), s.ffn_block, dy,
         dp.norm3_weight, dp.norm3_bias, [&](const Tensor<T, 3>& d_ffn) {
-          FeedForwardParams<T> gf;
           const TensorView<const T, 3> in = norm().first ? s.ffn_block.normed.view() : s.h2.view();
-          Tensor<T, 3> dx =
-              detail::feed_forward_backward<T>(config_.activation, s.dropout_p, seed(LayerDropoutSite::ffn_hidden), in,
-                                               ffn_weights(p), s.ffn, d_ffn.view(), config_.bias, gf);
-          dp.linear1_weight = std::move(gf.linear1_weight);
-          dp.linear1_bias = std::move(gf.linear1_bias);
-          dp.linear2_weight = std::move(gf.linear2_weight);
-          dp.linear2_bias = std::move(gf.linear2_bias);
-          return dx;
+          return detail::layer_ffn_backward<T>(config_.activation, s.dropout_p, s.seed, config_.bias, p, in, s.ffn,
+                                               d_ffn.view(), dp);
         });
     const Tensor<T, 3> dh1 = detail::sublayer_backward<T>(
         norm(), p.norm2_weight, s.h1.view(), s.dropout_p, detail::cross_output_dropout_seed(s.seed), s.cross_block,
@@ -476,12 +462,8 @@ class TransformerDecoderLayer {
           return cross_attention_.attend_memory_with(p.multihead_attn, in, memory, memory_opts);
         });
     return detail::sublayer_inference<T, T>(
-        norm(), p.norm3_weight, p.norm3_bias, h2.view(), [&](const TensorView<const T, 3>& in) {
-          Tensor<T, 3> out(in.shape());
-          detail::StackedProjection<T> scratch;
-          detail::feed_forward_inference<T, T>(config_.activation, in, ffn_weights(p), out.view(), scratch);
-          return out;
-        });
+        norm(), p.norm3_weight, p.norm3_bias, h2.view(),
+        [&](const TensorView<const T, 3>& in) { return detail::layer_ffn_inference<T, T>(config_.activation, p, in); });
   }
 
   TransformerDecoderLayerConfig config_;

@@ -129,6 +129,49 @@ inline std::uint64_t layer_dropout_seed(std::uint64_t seed, LayerDropoutSite sit
   return mix64(seed ^ (0x7f4a7c15ULL * static_cast<std::uint64_t>(site)));
 }
 
+// A layer's feed-forward network as the f of its last sublayer, for every layer whose parameters hold linear1_* and
+// linear2_* (TransformerLayerParams, TransformerDecoderLayerParams).
+
+template <template <typename> class Params, typename P>
+FeedForwardWeights<P> layer_ffn_weights(const Params<P>& p) {
+  return {p.linear1_weight.view(), p.linear1_bias.view(), p.linear2_weight.view(), p.linear2_bias.view()};
+}
+
+/// ffn(in) into a new tensor, its hidden dropout (rate p) keyed by the layer's seed, what its backward reads in
+/// `saved`.
+template <typename T, template <typename> class Params>
+Tensor<T, 3> layer_ffn_forward(Activation activation, T p, std::uint64_t seed, const Params<T>& params,
+                               const TensorView<const T, 3>& in, FeedForwardSaved<T>& saved) {
+  Tensor<T, 3> out(in.shape());
+  feed_forward_forward<T>(activation, p, layer_dropout_seed(seed, LayerDropoutSite::ffn_hidden), in,
+                          layer_ffn_weights(params), saved, out.view());
+  return out;
+}
+
+/// d in for dy = d loss / d ffn(in); the FFN's parameter gradients into the linear fields of `grads`.
+template <typename T, template <typename> class Params>
+Tensor<T, 3> layer_ffn_backward(Activation activation, T p, std::uint64_t seed, bool bias, const Params<T>& params,
+                                const TensorView<const T, 3>& in, const FeedForwardSaved<T>& saved,
+                                const TensorView<const T, 3>& dy, Params<T>& grads) {
+  FeedForwardParams<T> g;
+  Tensor<T, 3> dx = feed_forward_backward<T>(activation, p, layer_dropout_seed(seed, LayerDropoutSite::ffn_hidden), in,
+                                             layer_ffn_weights(params), saved, dy, bias, g);
+  grads.linear1_weight = std::move(g.linear1_weight);
+  grads.linear1_bias = std::move(g.linear1_bias);
+  grads.linear2_weight = std::move(g.linear2_weight);
+  grads.linear2_bias = std::move(g.linear2_bias);
+  return dx;
+}
+
+/// ffn(in) at inference, the weights stored as P (T, or 16 bits).
+template <typename T, typename P, template <typename> class Params>
+Tensor<T, 3> layer_ffn_inference(Activation activation, const Params<P>& params, const TensorView<const T, 3>& in) {
+  Tensor<T, 3> out(in.shape());
+  StackedProjection<T> scratch;
+  feed_forward_inference<T, P>(activation, in, layer_ffn_weights(params), out.view(), scratch);
+  return out;
+}
+
 }  // namespace detail
 
 /// \brief What TransformerLayer::forward returns: the output, the attention weights when asked for, and what the
@@ -363,11 +406,6 @@ class TransformerLayer {
     return o;
   }
 
-  template <typename P>
-  detail::FeedForwardWeights<P> ffn_weights(const TransformerLayerParams<P>& p) const {
-    return {p.linear1_weight.view(), p.linear1_bias.view(), p.linear2_weight.view(), p.linear2_bias.view()};
-  }
-
   detail::SublayerNorm<T> norm() const {
     return {config_.norm, static_cast<T>(config_.norm_eps), config_.norm_first, has_norm_bias()};
   }
@@ -388,10 +426,7 @@ class TransformerLayer {
     return detail::sublayer_forward<T>(
         norm(), p.norm2_weight, p.norm2_bias, s.h.view(), s.dropout_p, seed(LayerDropoutSite::ffn_output), s.ffn_block,
         [&](const TensorView<const T, 3>& in) {
-          Tensor<T, 3> out(in.shape());
-          detail::feed_forward_forward<T>(config_.activation, s.dropout_p, seed(LayerDropoutSite::ffn_hidden), in,
-                                          ffn_weights(p), s.ffn, out.view());
-          return out;
+          return detail::layer_ffn_forward<T>(config_.activation, s.dropout_p, s.seed, p, in, s.ffn);
         });
   }
 
@@ -404,16 +439,9 @@ class TransformerLayer {
     const Tensor<T, 3> dh = detail::sublayer_backward<T>(
         norm(), p.norm2_weight, s.h.view(), s.dropout_p, seed(LayerDropoutSite::ffn_output), s.ffn_block, dy,
         dp.norm2_weight, dp.norm2_bias, [&](const Tensor<T, 3>& d_ffn) {
-          FeedForwardParams<T> gf;
           const TensorView<const T, 3> in = norm().first ? s.ffn_block.normed.view() : s.h.view();
-          Tensor<T, 3> dx =
-              detail::feed_forward_backward<T>(config_.activation, s.dropout_p, seed(LayerDropoutSite::ffn_hidden), in,
-                                               ffn_weights(p), s.ffn, d_ffn.view(), config_.bias, gf);
-          dp.linear1_weight = std::move(gf.linear1_weight);
-          dp.linear1_bias = std::move(gf.linear1_bias);
-          dp.linear2_weight = std::move(gf.linear2_weight);
-          dp.linear2_bias = std::move(gf.linear2_bias);
-          return dx;
+          return detail::layer_ffn_backward<T>(config_.activation, s.dropout_p, s.seed, config_.bias, p, in, s.ffn,
+                                               d_ffn.view(), dp);
         });
     g.d_input = detail::sublayer_backward<T>(
         norm(), p.norm1_weight, s.input.view, s.dropout_p, seed(LayerDropoutSite::attention_output), s.attention_block,
@@ -434,12 +462,8 @@ class TransformerLayer {
           return attention_.step_with(p.self_attn, in, cache, opts, new_tokens);
         });
     return detail::sublayer_inference<T, P>(
-        norm(), p.norm2_weight, p.norm2_bias, h.view(), [&](const TensorView<const T, 3>& in) {
-          Tensor<T, 3> out(in.shape());
-          detail::StackedProjection<T> scratch;
-          detail::feed_forward_inference<T, P>(config_.activation, in, ffn_weights(p), out.view(), scratch);
-          return out;
-        });
+        norm(), p.norm2_weight, p.norm2_bias, h.view(),
+        [&](const TensorView<const T, 3>& in) { return detail::layer_ffn_inference<T, P>(config_.activation, p, in); });
   }
 
   TransformerLayerConfig config_;
