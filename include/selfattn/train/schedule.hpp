@@ -1,6 +1,8 @@
 /// \file
-/// The learning-rate schedule of most transformer training runs: a linear warmup, then a cosine decay.
+/// Learning-rate schedules: the one of most transformer training runs today, a linear warmup then a cosine decay
+/// (WarmupCosineSchedule), and the original Transformer's (NoamSchedule, below).
 ///
+/// WarmupCosineSchedule:
 ///   step <  warmup:                lr = peak_lr (step + 1) / warmup_steps
 ///   warmup <= step < total:        lr = min_lr + (peak_lr - min_lr) (1 + cos(pi progress)) / 2,
 ///                                  progress = (step - warmup_steps) / (total_steps - warmup_steps)
@@ -12,6 +14,7 @@
 #include <selfattn/errors.hpp>
 #include <selfattn/tensor.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -52,6 +55,40 @@ struct WarmupCosineSchedule {
         static_cast<double>(step - warmup_steps) / static_cast<double>(total_steps - warmup_steps);
     const double pi = 3.14159265358979323846;
     return min_lr + 0.5 * (peak_lr - min_lr) * (1.0 + std::cos(pi * progress));
+  }
+};
+
+/// \brief The original Transformer's schedule (Vaswani et al. 2017, "Noam"): a linear warmup, then a decay as the
+/// inverse square root of the step, scaled by model_dim^-0.5.
+///
+///   lr = factor * model_dim^-0.5 * min(t^-0.5, t * warmup_steps^-1.5),   t = step + 1 (steps count from 0)
+///
+/// It peaks at t = warmup_steps, at factor / sqrt(model_dim * warmup_steps), and never reaches zero: halving needs
+/// four times the steps. The paper used model_dim = 512, warmup_steps = 4000, factor 1 (peak 7.0e-4).
+/// \code
+/// NoamSchedule schedule;
+/// schedule.model_dim = 512;
+/// schedule.warmup_steps = 4000;
+/// double lr = schedule.learning_rate(step);   // step = 0, 1, ...
+/// \endcode
+struct NoamSchedule {
+  Index model_dim = 512;      ///< d_model, the scale of the rate (>= 1)
+  Index warmup_steps = 4000;  ///< steps of linear warmup (>= 1)
+  double factor = 1.0;        ///< a multiplier of the whole schedule (finite, > 0)
+
+  /// The learning rate of step `step` (>= 0). std::invalid_argument naming the field out of range, or `step`.
+  double learning_rate(Index step) const {
+    const char* fn = "NoamSchedule::learning_rate";
+    if (model_dim < 1) detail::throw_invalid(fn, "model_dim", "expected >= 1, got " + std::to_string(model_dim));
+    if (warmup_steps < 1)
+      detail::throw_invalid(fn, "warmup_steps", "expected >= 1, got " + std::to_string(warmup_steps));
+    if (!(factor > 0) || !std::isfinite(factor))
+      detail::throw_invalid(fn, "factor", "expected a finite number > 0, got " + std::to_string(factor));
+    if (step < 0) detail::throw_invalid(fn, "step", "expected >= 0, got " + std::to_string(step));
+    const double t = static_cast<double>(step) + 1, warmup = static_cast<double>(warmup_steps);
+    // min(t^-0.5, t warmup^-1.5): the warmup's line and the decay's curve meet at t = warmup
+    return factor / std::sqrt(static_cast<double>(model_dim)) *
+           std::min(1 / std::sqrt(t), t / (warmup * std::sqrt(warmup)));
   }
 };
 
