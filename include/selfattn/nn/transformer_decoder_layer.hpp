@@ -177,16 +177,8 @@ class TransformerDecoderLayer {
     config_.memory_dim = cross_attention_.config().kdim;
     params_.self_attn = std::move(self_attention_.params());  // the layer keeps them; the modules run them (_with)
     params_.multihead_attn = std::move(cross_attention_.params());
-    FeedForward<T> ffn(feed_forward_config(), seed ^ 0x5eedf00dULL);
-    params_.linear1_weight = std::move(ffn.params().linear1_weight);
-    params_.linear1_bias = std::move(ffn.params().linear1_bias);
-    params_.linear2_weight = std::move(ffn.params().linear2_weight);
-    params_.linear2_bias = std::move(ffn.params().linear2_bias);
-    for (auto [weight, bias] : norm_params(params_)) {
-      *weight = Tensor<T, 1>(std::array<Index, 1>{embed_dim()});
-      weight->fill(T(1));
-      if (norm().has_bias) *bias = Tensor<T, 1>(std::array<Index, 1>{embed_dim()});
-    }
+    detail::init_ffn_and_norms<T>(config_, seed, params_);
+    detail::init_norm_params(embed_dim(), norm().has_bias, params_.norm3_weight, params_.norm3_bias);
   }
 
   /// The configuration, with the attention's defaults and memory_dim filled in.
@@ -268,7 +260,7 @@ class TransformerDecoderLayer {
       saved->input = detail::save_input<T>(std::forward<X>(x));
       saved->memory = detail::save_input<T>(std::forward<M>(memory));
       check_forward(parameters, saved->input.view, saved->memory.view, opts, memory_opts);
-      f.output = run_forward(parameters, *saved, self_options(opts), memory_opts);
+      f.output = run_forward(parameters, *saved, detail::layer_attention_options(config_, opts), memory_opts);
       f.self_weights = std::move(saved->self_attention.weights);
       f.cross_weights = std::move(saved->cross_attention.weights);
       f.saved = std::move(saved);
@@ -330,41 +322,22 @@ class TransformerDecoderLayer {
 
   static TransformerDecoderLayerConfig checked(const TransformerDecoderLayerConfig& c) {
     const char* fn = "TransformerDecoderLayer";
-    FeedForwardConfig ffn{c.attention.embed_dim, c.ffn_dim, c.activation, c.dropout, c.bias};
-    if (c.attention.embed_dim >= 1) detail::check_feed_forward_config(fn, "cfg.", ffn);
-    detail::check_norm_eps(fn, "cfg.norm_eps", c.norm_eps);
+    detail::check_layer_config(fn, c);
     if (c.memory_dim < 0)
       detail::throw_invalid(fn, "cfg.memory_dim", "expected >= 0, got " + std::to_string(c.memory_dim));
-    return c;  // the attentions' fields are checked by MultiHeadAttention's constructor
+    return c;
   }
 
-  FeedForwardConfig feed_forward_config() const {
-    return {embed_dim(), config_.ffn_dim, config_.activation, config_.dropout, config_.bias};
-  }
-  detail::SublayerNorm<T> norm() const {
-    return {config_.norm, static_cast<T>(config_.norm_eps), config_.norm_first,
-            config_.bias && config_.norm == NormKind::layer_norm};
-  }
-  template <typename P>
-  static std::array<std::pair<Tensor<P, 1>*, Tensor<P, 1>*>, 3> norm_params(TransformerDecoderLayerParams<P>& p) {
-    return {{{&p.norm1_weight, &p.norm1_bias}, {&p.norm2_weight, &p.norm2_bias}, {&p.norm3_weight, &p.norm3_bias}}};
-  }
+  detail::SublayerNorm<T> norm() const { return detail::layer_norm_of<T>(config_); }
 
   void check_input(const char* function, const char* name, const TensorView<const T, 3>& x) const {
     detail::check_shape<3>(function, name, x.shape(), {detail::any_extent, detail::any_extent, embed_dim()});
   }
 
   void check_params(const char* function, const TransformerDecoderLayerParams<T>& p) const {
-    detail::check_feed_forward_params(function, "params().", feed_forward_config(), p.linear1_weight, p.linear1_bias,
-                                      p.linear2_weight, p.linear2_bias);
-    const Index e = embed_dim();
-    const bool bias = norm().has_bias;
-    detail::check_norm_param(function, "params().norm1_weight", p.norm1_weight, true, e);
-    detail::check_norm_param(function, "params().norm1_bias", p.norm1_bias, bias, e);
-    detail::check_norm_param(function, "params().norm2_weight", p.norm2_weight, true, e);
-    detail::check_norm_param(function, "params().norm2_bias", p.norm2_bias, bias, e);
-    detail::check_norm_param(function, "params().norm3_weight", p.norm3_weight, true, e);
-    detail::check_norm_param(function, "params().norm3_bias", p.norm3_bias, bias, e);
+    detail::check_ffn_and_norm_params(function, config_, p);
+    detail::check_norm_param(function, "params().norm3_weight", p.norm3_weight, true, embed_dim());
+    detail::check_norm_param(function, "params().norm3_bias", p.norm3_bias, norm().has_bias, embed_dim());
     detail::check_mha_params(self_attention_.config(), p.self_attn, function);
     detail::check_mha_params(cross_attention_.config(), p.multihead_attn, function);
   }
@@ -380,14 +353,9 @@ class TransformerDecoderLayer {
     detail::check_module_dropout(forward_name, opts, rate, "cfg.attention.dropout", training_);
     detail::check_module_dropout(forward_name, memory_opts, rate, "cfg.attention.dropout", training_);
     const Index heads = config_.attention.num_heads;
-    detail::validate_options(forward_name, self_options(opts), x.dim(0), heads, x.dim(1), x.dim(1));
+    detail::validate_options(forward_name, detail::layer_attention_options(config_, opts), x.dim(0), heads, x.dim(1),
+                             x.dim(1));
     detail::validate_options(forward_name, memory_opts, x.dim(0), heads, x.dim(1), memory.dim(1));
-  }
-
-  AttentionOptions<T> self_options(const AttentionOptions<T>& opts) const {
-    AttentionOptions<T> o = opts;
-    if (config_.causal && o.causal == Causal::none) o.causal = Causal::top_left;
-    return o;
   }
 
   /// The forward's walk (see the file comment), everything the backward needs into `s`.

@@ -27,6 +27,7 @@
 #include <selfattn/options.hpp>
 #include <selfattn/tensor.hpp>
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -129,6 +130,71 @@ inline std::uint64_t layer_dropout_seed(std::uint64_t seed, LayerDropoutSite sit
   return mix64(seed ^ (0x7f4a7c15ULL * static_cast<std::uint64_t>(site)));
 }
 
+// What every layer configuration has (TransformerLayerConfig, TransformerDecoderLayerConfig: the same field names),
+// and the parts of a layer's parameters built and checked from it, shared by the encoder and the decoder layer.
+
+/// The layer's feed-forward network.
+template <typename Config>
+FeedForwardConfig layer_ffn_config(const Config& c) {
+  return {c.attention.embed_dim, c.ffn_dim, c.activation, c.dropout, c.bias};
+}
+
+/// How the layer normalises its sublayers (norm biases only for LayerNorm with cfg.bias).
+template <typename T, typename Config>
+SublayerNorm<T> layer_norm_of(const Config& c) {
+  return {c.norm, static_cast<T>(c.norm_eps), c.norm_first, c.bias && c.norm == NormKind::layer_norm};
+}
+
+/// The layer's own fields, std::invalid_argument naming the field (the attentions' fields are checked by
+/// MultiHeadAttention's constructor).
+template <typename Config>
+void check_layer_config(const char* function, const Config& c) {
+  if (c.attention.embed_dim >= 1) check_feed_forward_config(function, "cfg.", layer_ffn_config(c));
+  check_norm_eps(function, "cfg.norm_eps", c.norm_eps);
+}
+
+/// The self-attention's options: top-left causal when cfg.causal asks for it and opts ask for no causal mask.
+template <typename T, typename Config>
+AttentionOptions<T> layer_attention_options(const Config& c, const AttentionOptions<T>& opts) {
+  AttentionOptions<T> o = opts;
+  if (c.causal && o.causal == Causal::none) o.causal = Causal::top_left;
+  return o;
+}
+
+/// A norm's parameters as a new layer has them: weight 1 (E), bias 0 (E) when the norm has one.
+template <typename T>
+void init_norm_params(Index embed_dim, bool has_bias, Tensor<T, 1>& weight, Tensor<T, 1>& bias) {
+  weight = Tensor<T, 1>(std::array<Index, 1>{embed_dim});
+  weight.fill(T(1));
+  if (has_bias) bias = Tensor<T, 1>(std::array<Index, 1>{embed_dim});
+}
+
+/// A new layer's FFN, drawn as nn.Linear is from a seed derived from `seed`, and its norm1 and norm2, into `p`.
+template <typename T, typename Config, typename LayerParams>
+void init_ffn_and_norms(const Config& c, std::uint64_t seed, LayerParams& p) {
+  FeedForward<T> ffn(layer_ffn_config(c), seed ^ 0x5eedf00dULL);
+  p.linear1_weight = std::move(ffn.params().linear1_weight);
+  p.linear1_bias = std::move(ffn.params().linear1_bias);
+  p.linear2_weight = std::move(ffn.params().linear2_weight);
+  p.linear2_bias = std::move(ffn.params().linear2_bias);
+  const bool has_bias = layer_norm_of<T>(c).has_bias;
+  init_norm_params(c.attention.embed_dim, has_bias, p.norm1_weight, p.norm1_bias);
+  init_norm_params(c.attention.embed_dim, has_bias, p.norm2_weight, p.norm2_bias);
+}
+
+/// The shapes of the FFN's and of norm1's and norm2's parameters (ShapeError naming params().<name>).
+template <typename Config, typename LayerParams>
+void check_ffn_and_norm_params(const char* function, const Config& c, const LayerParams& p) {
+  check_feed_forward_params(function, "params().", layer_ffn_config(c), p.linear1_weight, p.linear1_bias,
+                            p.linear2_weight, p.linear2_bias);
+  const Index e = c.attention.embed_dim;
+  const bool has_bias = c.bias && c.norm == NormKind::layer_norm;
+  check_norm_param(function, "params().norm1_weight", p.norm1_weight, true, e);
+  check_norm_param(function, "params().norm1_bias", p.norm1_bias, has_bias, e);
+  check_norm_param(function, "params().norm2_weight", p.norm2_weight, true, e);
+  check_norm_param(function, "params().norm2_bias", p.norm2_bias, has_bias, e);
+}
+
 // A layer's feed-forward network as the f of its last sublayer, for every layer whose parameters hold linear1_* and
 // linear2_* (TransformerLayerParams, TransformerDecoderLayerParams).
 
@@ -218,18 +284,7 @@ class TransformerLayer {
       : config_(checked(config)), attention_(config_.attention, seed) {
     config_.attention = attention_.config();  // with its defaults filled in
     params_.self_attn = std::move(attention_.params());  // the layer keeps them; attention_ runs them (forward_with)
-    FeedForward<T> ffn(feed_forward_config(), seed ^ 0x5eedf00dULL);
-    params_.linear1_weight = std::move(ffn.params().linear1_weight);
-    params_.linear1_bias = std::move(ffn.params().linear1_bias);
-    params_.linear2_weight = std::move(ffn.params().linear2_weight);
-    params_.linear2_bias = std::move(ffn.params().linear2_bias);
-    const auto norm_params = [this](Tensor<T, 1>& weight, Tensor<T, 1>& bias) {
-      weight = Tensor<T, 1>(std::array<Index, 1>{embed_dim()});
-      weight.fill(T(1));
-      if (has_norm_bias()) bias = Tensor<T, 1>(std::array<Index, 1>{embed_dim()});
-    };
-    norm_params(params_.norm1_weight, params_.norm1_bias);
-    norm_params(params_.norm2_weight, params_.norm2_bias);
+    detail::init_ffn_and_norms<T>(config_, seed, params_);
   }
 
   /// The configuration, with the attention's defaults filled in.
@@ -296,7 +351,7 @@ class TransformerLayer {
       detail::check_module_dropout(forward_name, opts, config_.attention.dropout, "cfg.attention.dropout", training_);
       auto saved = std::make_shared<detail::TransformerLayerSaved<T>>();
       saved->input = std::move(input);
-      f.output = run_forward(parameters, *saved, attention_options(opts));
+      f.output = run_forward(parameters, *saved, detail::layer_attention_options(config_, opts));
       f.weights = std::move(saved->attention.weights);
       f.saved = std::move(saved);
     }
@@ -372,17 +427,9 @@ class TransformerLayer {
   }
 
   static TransformerLayerConfig checked(const TransformerLayerConfig& c) {
-    const char* fn = "TransformerLayer";
-    FeedForwardConfig ffn{c.attention.embed_dim, c.ffn_dim, c.activation, c.dropout, c.bias};
-    if (c.attention.embed_dim >= 1) detail::check_feed_forward_config(fn, "cfg.", ffn);
-    detail::check_norm_eps(fn, "cfg.norm_eps", c.norm_eps);
-    return c;  // the attention's fields are checked by MultiHeadAttention's constructor
+    detail::check_layer_config("TransformerLayer", c);
+    return c;
   }
-
-  FeedForwardConfig feed_forward_config() const {
-    return {embed_dim(), config_.ffn_dim, config_.activation, config_.dropout, config_.bias};
-  }
-  bool has_norm_bias() const { return config_.bias && config_.norm == NormKind::layer_norm; }
 
   void check_input(const char* function, const char* name, const TensorView<const T, 3>& x) const {
     detail::check_shape<3>(function, name, x.shape(), {detail::any_extent, detail::any_extent, embed_dim()});
@@ -390,25 +437,11 @@ class TransformerLayer {
 
   template <typename P>
   void check_params(const char* function, const TransformerLayerParams<P>& p) const {
-    detail::check_feed_forward_params(function, "params().", feed_forward_config(), p.linear1_weight, p.linear1_bias,
-                                      p.linear2_weight, p.linear2_bias);
-    const Index e = embed_dim();
-    detail::check_norm_param(function, "params().norm1_weight", p.norm1_weight, true, e);
-    detail::check_norm_param(function, "params().norm1_bias", p.norm1_bias, has_norm_bias(), e);
-    detail::check_norm_param(function, "params().norm2_weight", p.norm2_weight, true, e);
-    detail::check_norm_param(function, "params().norm2_bias", p.norm2_bias, has_norm_bias(), e);
+    detail::check_ffn_and_norm_params(function, config_, p);
     // the attention's parameters are checked by the attention (naming params().<name> of self_attn)
   }
 
-  AttentionOptions<T> attention_options(const AttentionOptions<T>& opts) const {
-    AttentionOptions<T> o = opts;
-    if (config_.causal && o.causal == Causal::none) o.causal = Causal::top_left;
-    return o;
-  }
-
-  detail::SublayerNorm<T> norm() const {
-    return {config_.norm, static_cast<T>(config_.norm_eps), config_.norm_first, has_norm_bias()};
-  }
+  detail::SublayerNorm<T> norm() const { return detail::layer_norm_of<T>(config_); }
 
   /// The forward's walk (see the file comment), everything the backward needs into `s`.
   Tensor<T, 3> run_forward(const TransformerLayerParams<T>& p, detail::TransformerLayerSaved<T>& s,
