@@ -45,5 +45,10 @@ SELFATTN_DETAIL_EXPLICIT_INSTANTIATIONS(extern template, float);
 SELFATTN_DETAIL_EXPLICIT_INSTANTIATIONS(extern template, double);
 SELFATTN_DETAIL_SIXTEEN_BIT_INSTANTIATIONS(extern template, bfloat16);
 SELFATTN_DETAIL_SIXTEEN_BIT_INSTANTIATIONS(extern template, float16);
+SELFATTN_DETAIL_LEVEL_INSTANTIATIONS(extern template, detail);
+#if SELFATTN_DISPATCH_X86
+SELFATTN_DETAIL_LEVEL_INSTANTIATIONS(extern template, detail::isa_avx2);
+SELFATTN_DETAIL_LEVEL_INSTANTIATIONS(extern template, detail::isa_avx512);
+#endif
 }  // namespace selfattn
 /// \endcond

@@ -139,4 +139,24 @@
                                                            const std::array<TensorView<const S, 1>, 3>&,         \
                                                            const TensorView<float, 3>&,                          \
                                                            detail::StackedProjection<float>&)
+// The float kernels of one dispatch level (LEVEL: detail, the generic level; detail::isa_avx2; detail::isa_avx512),
+// which dispatch.hpp's entries above call: the fused forward and backward, the decode kernel's paths (keys and values
+// of float or 16 bits) and the projection of a few rows. A caller that names a level itself compiles them again
+// without these: tests/dispatch_test.cpp, which runs every level in one process, took 69 CPU s at g++ -O2, 8 with them.
+#define SELFATTN_DETAIL_LEVEL_DECODE(KEYWORD, LEVEL, KV)                                                        \
+  KEYWORD void LEVEL::run_decode_path<float, KV>(detail::DecodePath, const detail::AttentionParams<float, KV>&, \
+                                                 const detail::ForwardOutputs<float>&, detail::DecodeScratch<float>&)
+#define SELFATTN_DETAIL_LEVEL_INSTANTIATIONS(KEYWORD, LEVEL)                                                         \
+  KEYWORD void LEVEL::fused_forward_blocks<float, float, float, LEVEL::ElementProducts<float>>(                      \
+      const detail::AttentionParams<float, float>&, const detail::ForwardOutputs<float, float>&,                     \
+      detail::FusedForwardScratch<float>&, const LEVEL::ElementProducts<float>&);                                    \
+  KEYWORD void LEVEL::fused_backward_blocks<float>(const detail::AttentionParams<float>&,                            \
+                                                   const detail::BackwardTensors<float>&,                            \
+                                                   detail::FusedBackwardScratch<float>&);                            \
+  SELFATTN_DETAIL_LEVEL_DECODE(KEYWORD, LEVEL, float);                                                               \
+  SELFATTN_DETAIL_LEVEL_DECODE(KEYWORD, LEVEL, bfloat16);                                                            \
+  SELFATTN_DETAIL_LEVEL_DECODE(KEYWORD, LEVEL, float16);                                                             \
+  KEYWORD void LEVEL::linear_few_rows<float, float>(                                                                 \
+      const std::array<const float*, detail::few_rows_max>&, const std::array<float*, detail::few_rows_max>&, Index, \
+      Index, const TensorView<const float, 2>&, const TensorView<const float, 1>&)
 /// \endcond
