@@ -1,4 +1,5 @@
-// oversmoothing.cpp — stacked attention averages the tokens into one; residuals, norms and the FFN stop it.
+// oversmoothing.cpp — stacked attention averages the tokens into one; the residual stops it, the FFN, the value
+// projection and LayerNorm alone do not.
 //
 // Each self-attention layer mixes the tokens with a row-stochastic matrix (every output row is a weighted mean
 // of the value rows), and a product of such matrices tends to rank one: every token the same vector (Dong,
@@ -17,14 +18,26 @@
 // Part 2 runs the post-norm and the pre-norm stack (with its final LayerNorm) backward from a random upstream
 // gradient, loss = sum(G * Y), and prints each layer's gradient norms (Xiong et al. 2020, "On Layer
 // Normalization in the Transformer Architecture"), and the last layer's for stacks of 1 to 32 layers.
+// Part 3 adds each remedy alone to attention only, with the same attention at each depth as part 1:
+//   residual only      x <- x + attn(x)              (part 1's (b))
+//   FFN only           x <- FFN(attn(x))             (the FFN of (d) and (e); no residual, no norm)
+//   W_V = W_O = I      attention with the identity as value and output projection: only the mixing
+//   LayerNorm only     x <- LayerNorm(attn(x))
+//   all but residual   x <- LN(FFN(LN(attn(x))))     (the post-norm layer (e) without its two skips)
+// and FFN only with W1 and W2 scaled by g = 4, 8, 32 (its Lipschitz bound by g^2), to depth 16. It prints
+// the spread per depth and the first depth at which it is <= 1e-12 ("collapsed").
 //
 // Usage: oversmoothing [--seed N]     (default seed 1; the same seed prints the same output)
-// Writes oversmoothing.svg and oversmoothing_gradients.svg in the current directory. Exits 1 unless
+// Writes oversmoothing.svg, oversmoothing_gradients.svg and oversmoothing_remedies.svg in the current directory.
+// Exits 1 unless
 //   attention only collapses: spread at depth 32 <= 1e-6 x its value at depth 1 (it reaches rounding),
 //   the residual wirings (b)-(e) keep spread >= 0.05 x the input's at depth 32, the pre-norm layer >= 0.4 x,
 //   the last layer's W2 gradient, post-norm over pre-norm, is >= 1.25x larger in a stack of 32 layers than of 1
 //   (Xiong et al.'s Theorem 1: post-norm's does not depend on the depth, pre-norm's shrinks), and pre-norm's
-//   W2 gradient in the 32-layer stack is at most 0.8x as large in the last layer as in the first.
+//   W2 gradient in the 32-layer stack is at most 0.8x as large in the last layer as in the first;
+//   and (part 3) FFN only, W_V = W_O = I, LayerNorm only and all but residual each collapse (spread at depth 32
+//   <= 1e-6 x depth 1), none of them later than one layer after attention only, the scaled FFNs collapse at
+//   least two layers later than g = 1 at some g, and every g collapses all the same (<= 1e-6 x at depth 16).
 // Walk-through and measured tables: docs/oversmoothing.md.
 #include <selfattn/plot/line_chart.hpp>
 #include <selfattn/selfattn.hpp>
@@ -169,17 +182,20 @@ Stacks run_depths(std::uint64_t seed, const Tensor<T, 3>& input) {
   return s;
 }
 
-// values[w][d] for every depth d, or (every_depth false) values[w][row] for the rows of kPrintedDepths.
-void print_depth_table(const char* title, const std::array<std::vector<double>, kWirings>& values, bool every_depth) {
-  const auto width = [](std::size_t w) { return static_cast<int>(std::strlen(kNames[w])) + 2; };
+// values[w][d] for every depth d, or (every_depth false) values[w][row] for the rows of kPrintedDepths; one
+// column per name, as wide as the name and two spaces.
+template <std::size_t N>
+void print_depth_table(const char* title, const std::array<const char*, N>& names,
+                       const std::array<std::vector<double>, N>& values, bool every_depth) {
   std::printf("%s\n  depth", title);
-  for (std::size_t w = 0; w < kWirings; ++w) std::printf("%*s", width(w), kNames[w]);
+  for (std::size_t w = 0; w < N; ++w) std::printf("  %s", names[w]);
   std::printf("\n");
   for (std::size_t row = 0; row < kPrintedDepths.size(); ++row) {
     const int d = kPrintedDepths[row];
     std::printf("  %5d", d);
-    for (std::size_t w = 0; w < kWirings; ++w)
-      std::printf("%*.3g", width(w), values[w][every_depth ? static_cast<std::size_t>(d) : row]);
+    for (std::size_t w = 0; w < N; ++w)
+      std::printf("%*.3g", static_cast<int>(std::strlen(names[w])) + 2,
+                  values[w][every_depth ? static_cast<std::size_t>(d) : row]);
     std::printf("\n");
   }
 }
@@ -195,8 +211,8 @@ struct Gradients {
 // Backward of a stack made of the first `n` layers, from d loss / d output = g; the pre-norm stack ends with a
 // LayerNorm (weight 1, bias 0), as pre-norm models do. `all`: down to layer 1, else the last layer only.
 std::vector<LayerGradNorms> backward(const std::vector<TransformerLayer<T>>& layers,
-                                     const std::vector<TransformerLayerForward<T>>& forwards, bool final_norm,
-                                     int n, const Tensor<T, 3>& g, bool all) {
+                                     const std::vector<TransformerLayerForward<T>>& forwards, bool final_norm, int n,
+                                     const Tensor<T, 3>& g, bool all) {
   Tensor<T, 3> dy = g;
   if (final_norm) {
     const LayerNorm<T> norm(kEmbed);
@@ -217,7 +233,7 @@ Gradients run_gradients(const Stacks& s, const Tensor<T, 3>& g) {
   Gradients r;
   r.post = backward(s.post, s.post_fwd, false, kDepth, g, true);
   r.pre = backward(s.pre, s.pre_fwd, true, kDepth, g, true);
-  for (int n : kStackSizes) {  // a stack of n layers is the first n of the 32: the forward is shared
+  for (int n : kStackSizes) {        // a stack of n layers is the first n of the 32: the forward is shared
     const bool whole = n == kDepth;  // the 32-layer stacks' gradients are in r already
     r.top_post.push_back((whole ? r.post : backward(s.post, s.post_fwd, false, n, g, false)).back().linear2);
     r.top_pre.push_back((whole ? r.pre : backward(s.pre, s.pre_fwd, true, n, g, false)).back().linear2);
@@ -227,7 +243,83 @@ Gradients run_gradients(const Stacks& s, const Tensor<T, 3>& g) {
   return r;
 }
 
-// ---- 4. Pictures: line charts (selfattn/plot/line_chart.hpp) -----------------------------------------------
+// ---- 4. Part 3: each remedy alone, on top of attention only ---------------------------------------------
+
+// (a) and (b) are part 1's columns; the others are computed here with the same attention at each depth.
+constexpr std::size_t kRemedies = 6;
+const std::array<const char*, kRemedies> kRemedyNames{"attention only", "residual only",  "FFN only",
+                                                      "W_V = W_O = I",  "LayerNorm only", "all but residual"};
+const std::array<const char*, kRemedies> kRemedyColours{kColours[0], kColours[1], "#8c564b",
+                                                        "#e377c2",   "#17becf",   "#7f7f7f"};
+constexpr std::size_t kFfnOnly = 2, kIdentityVO = 3, kNormOnly = 4, kNoResidual = 5;
+// FFN only with W1 and W2 scaled by g, to depth kGainDepth: every stack of seeds 1 to 16 collapsed by depth 9. g = 1
+// is the FFN only column (its colour in the picture).
+constexpr std::array<double, 4> kGains{1, 4, 8, 32};
+const std::array<const char*, kGains.size()> kGainColours{"#8c564b", "#6baed6", "#2171b5", "#08306b"};
+constexpr int kGainDepth = 16;
+constexpr double kCollapsed = 1e-12;  // a spread this small counts as collapsed: within 1e4 of rounding
+
+struct Remedies {
+  std::array<std::vector<double>, kRemedies> spread;    // per column, depths 0..32
+  std::array<double, kRemedies> norm32{};               // ||X||_F at depth 32 (not kept for (a), (b))
+  std::array<std::vector<double>, kGains.size()> gain;  // FFN only, weights scaled by kGains[i], 0..kGainDepth
+};
+
+// The first depth whose spread is <= kCollapsed, or 0 when none is.
+int collapse_depth(const std::vector<double>& spreads) {
+  for (std::size_t d = 1; d < spreads.size(); ++d)
+    if (spreads[d] <= kCollapsed) return static_cast<int>(d);
+  return 0;
+}
+
+Remedies run_remedies(std::uint64_t seed, const Tensor<T, 3>& input, const Stacks& s) {
+  Remedies r;
+  r.spread[0] = s.spread[0];        // (a) attention only
+  r.spread[1] = s.spread[1];        // (b) x + attn(x): the residual alone
+  const LayerNorm<T> norm(kEmbed);  // weight 1, bias 0
+  std::array<Tensor<T, 3>, kRemedies> x;
+  for (std::size_t w = 2; w < kRemedies; ++w) {
+    x[w] = input;
+    r.spread[w].push_back(spread(input));
+  }
+  std::array<Tensor<T, 3>, kGains.size()> xg;  // xg[0] unused: g = 1 is x[kFfnOnly]
+  for (std::size_t i = 1; i < kGains.size(); ++i) {
+    xg[i] = input;
+    r.gain[i].push_back(spread(input));
+  }
+  for (int d = 1; d <= kDepth; ++d) {
+    const MultiHeadAttention<T> attention(layer_config(false).attention, layer_seed(seed, d));  // as in part 1
+    // the FFN of the full layers (d) and (e) at this depth
+    const TransformerLayerParams<T>& layer = s.pre[static_cast<std::size_t>(d - 1)].params();
+    FeedForward<T> ffn({kEmbed, kFfn, Activation::relu, 0.0, true});
+    ffn.params() = {layer.linear1_weight, layer.linear1_bias, layer.linear2_weight, layer.linear2_bias};
+    // the same query and key projections; the value and output projections the identity, so each head's output
+    // is its attention matrix times its own 8 columns of x
+    MhaParams<T> identity_vo = attention.params();
+    for (Tensor<T, 2>* w : {&identity_vo.v_weight, &identity_vo.out_weight}) {
+      w->fill(0);
+      for (Index i = 0; i < kEmbed; ++i) (*w)(i, i) = 1;
+    }
+    x[kFfnOnly] = ffn.forward(attention.forward(x[kFfnOnly]).output).output;      // FFN(attn(x))
+    x[kIdentityVO] = attention.forward_with(identity_vo, x[kIdentityVO]).output;  // attn with W_V = W_O = I
+    x[kNormOnly] = norm.forward(attention.forward(x[kNormOnly]).output).output;   // LN(attn(x))
+    x[kNoResidual] =                                                              // LN(FFN(LN(attn(x))))
+        norm.forward(ffn.forward(norm.forward(attention.forward(x[kNoResidual]).output).output).output).output;
+    for (std::size_t w = 2; w < kRemedies; ++w) r.spread[w].push_back(spread(x[w]));
+    for (std::size_t i = 1; i < kGains.size() && d <= kGainDepth; ++i) {
+      FeedForward<T> scaled = ffn;
+      for (Tensor<T, 2>* w : {&scaled.params().linear1_weight, &scaled.params().linear2_weight})
+        for (Index n = 0; n < w->size(); ++n) w->data()[n] *= kGains[i];
+      xg[i] = scaled.forward(attention.forward(xg[i]).output).output;
+      r.gain[i].push_back(spread(xg[i]));
+    }
+  }
+  for (std::size_t w = 2; w < kRemedies; ++w) r.norm32[w] = std::sqrt(squared_norm(x[w]));
+  r.gain[0].assign(r.spread[kFfnOnly].begin(), r.spread[kFfnOnly].begin() + kGainDepth + 1);
+  return r;
+}
+
+// ---- 5. Pictures: line charts (selfattn/plot/line_chart.hpp) -----------------------------------------------
 
 std::vector<double> range(int first, int last) {
   std::vector<double> v;
@@ -304,6 +396,28 @@ bool write_gradient_figure(const Gradients& g) {
                       {per_layer, by_depth});
 }
 
+bool write_remedies_figure(const Remedies& r) {
+  constexpr int kShown = 12;  // every line is flat from depth 10 on (the table has the rest)
+  LineChart alone, gains;
+  alone.title = "each remedy alone, on attention only";
+  gains.title = "FFN only, its weights scaled by g (brown: g = 1)";
+  for (LineChart* c : {&alone, &gains}) {
+    c->x = {"depth (layers stacked)", AxisScale::linear, 0, kShown, {0, 2, 4, 6, 8, 10, 12}};
+    c->y = {"spread ||X \u2212 1 mean(X)|| / ||X||", AxisScale::log, 1e-18, 1, {1e-16, 1e-12, 1e-8, 1e-4, 1}};
+    c->references.push_back({0x1.0p-52, "rounding (double epsilon)"});
+  }
+  const auto first = [](const std::vector<double>& v) {
+    return std::vector<double>(v.begin(), v.begin() + kShown + 1);
+  };
+  for (std::size_t w = 0; w < kRemedies; ++w)
+    alone.series.push_back({kRemedyNames[w], kRemedyColours[w], range(0, kShown), first(r.spread[w]), true});
+  for (std::size_t i = 0; i < kGains.size(); ++i)  // g = 1: the legend's "FFN only"
+    gains.series.push_back({i == 0 ? "" : "FFN only, g = " + std::to_string(static_cast<int>(kGains[i])),
+                            kGainColours[i], range(0, kShown), first(r.gain[i]), true});
+  return write_figure("oversmoothing_remedies.svg",
+                      "Token spread vs depth, one remedy at a time (L = 32, E = 32, H = 4)", {alone, gains});
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -318,22 +432,24 @@ int main(int argc, char** argv) {
     for (Index e = 0; e < kEmbed; ++e) input(0, l, e) += pe(l, e);
   const Tensor<T, 3> upstream = random_normal(rng);  // part 2: G = d loss / d output
 
-  std::printf("Oversmoothing at initialisation: B = 1, L = %td tokens, E = %td, H = %td, F = %td, seed %llu.\n"
-              "Depth d has its own random weights (PyTorch's initialisation); the five wirings share them.\n\n",
-              kLength, kEmbed, kHeads, kFfn, static_cast<unsigned long long>(seed));
+  std::printf(
+      "Oversmoothing at initialisation: B = 1, L = %td tokens, E = %td, H = %td, F = %td, seed %llu.\n"
+      "Depth d has its own random weights (PyTorch's initialisation); the five wirings share them.\n\n",
+      kLength, kEmbed, kHeads, kFfn, static_cast<unsigned long long>(seed));
   const Stacks s = run_depths(seed, input);
-  print_depth_table("spread = ||X - 1 mean(X)||_F / ||X||_F (0 when every token is the same vector)",
-                    s.spread, true);
+  print_depth_table("spread = ||X - 1 mean(X)||_F / ||X||_F (0 when every token is the same vector)", kNames, s.spread,
+                    true);
   std::printf("\n");
-  print_depth_table("sigma2 / sigma1 of X (0: rank one)", s.sigma, false);
+  print_depth_table("sigma2 / sigma1 of X (0: rank one)", kNames, s.sigma, false);
   if (!write_collapse_figure(s)) return 1;
 
   const Gradients g = run_gradients(s, upstream);
-  std::printf("\nGradient norms ||d loss / d W||_F per layer of the 32-layer stacks, "
-              "loss = sum(G * output), G ~ N(0, 1)\n"
-              "(attention: q, k, v and output weights together; W1, W2: the FFN's linear1 and linear2 weights)\n"
-              "         ----------- post-norm -----------   ----------- pre-norm ------------\n"
-              "  layer    attention         W1         W2    attention         W1         W2\n");
+  std::printf(
+      "\nGradient norms ||d loss / d W||_F per layer of the 32-layer stacks, "
+      "loss = sum(G * output), G ~ N(0, 1)\n"
+      "(attention: q, k, v and output weights together; W1, W2: the FFN's linear1 and linear2 weights)\n"
+      "         ----------- post-norm -----------   ----------- pre-norm ------------\n"
+      "  layer    attention         W1         W2    attention         W1         W2\n");
   for (int d : kPrintedDepths) {
     if (d == 0) continue;
     const LayerGradNorms& a = g.post[static_cast<std::size_t>(d - 1)];
@@ -344,13 +460,54 @@ int main(int argc, char** argv) {
   const double post_ratio = g.post.back().linear2 / g.post.front().linear2;
   const double pre_ratio = g.pre.back().linear2 / g.pre.front().linear2;
   std::printf("  W2, last layer / first layer: post-norm %.2f, pre-norm %.2f\n", post_ratio, pre_ratio);
-  std::printf("\nThe last layer's ||d loss / d W2||_F in stacks of n layers (the first n of the 32)\n"
-              "      n  post-norm   pre-norm  post / pre   RMS of the pre-norm stream before its final norm\n");
+  std::printf(
+      "\nThe last layer's ||d loss / d W2||_F in stacks of n layers (the first n of the 32)\n"
+      "      n  post-norm   pre-norm  post / pre   RMS of the pre-norm stream before its final norm\n");
   for (std::size_t i = 0; i < kStackSizes.size(); ++i)
     std::printf("  %5d  %9.4g  %9.4g  %10.2f  %9.3g\n", kStackSizes[i], g.top_post[i], g.top_pre[i],
                 g.top_post[i] / g.top_pre[i], g.pre_rms[i]);
   if (!write_gradient_figure(g)) return 1;
   std::printf("\nwrote oversmoothing.svg and oversmoothing_gradients.svg\n\n");
+
+  const Remedies r = run_remedies(seed, input, s);
+  std::printf(
+      "Each remedy alone, on top of attention only, with the same attention at each depth as above:\n"
+      "  attention only    x <- attn(x)                                    (a) above\n"
+      "  residual only     x <- x + attn(x)                                (b) above\n"
+      "  FFN only          x <- FFN(attn(x))             the FFN of (d) and (e), no residual, no norm\n"
+      "  W_V = W_O = I     x <- attn(x), identity value and output projections: only the mixing A\n"
+      "  LayerNorm only    x <- LayerNorm(attn(x))\n"
+      "  all but residual  x <- LN(FFN(LN(attn(x))))     the post-norm layer (e) without its two skips\n");
+  print_depth_table("spread = ||X - 1 mean(X)||_F / ||X||_F", kRemedyNames, r.spread, true);
+  const auto width = [](std::size_t w) { return static_cast<int>(std::strlen(kRemedyNames[w])) + 2; };
+  std::printf("  collapsed at depth (first spread <= %.0e; -: never)\n       ", kCollapsed);
+  for (std::size_t w = 0; w < kRemedies; ++w) {
+    const int at = collapse_depth(r.spread[w]);
+    if (at == 0)
+      std::printf("%*s", width(w), "-");
+    else
+      std::printf("%*d", width(w), at);
+  }
+  std::printf("\n  ||X||_F at depth 32 (input %.3g)\n       %*s%*s", std::sqrt(squared_norm(input)), width(0), "",
+              width(1), "");
+  for (std::size_t w = 2; w < kRemedies; ++w) std::printf("%*.3g", width(w), r.norm32[w]);
+  std::printf(
+      "\n\nFFN only, W1 and W2 scaled by g (its Lipschitz bound ||W2|| ||W1|| by g^2): spread\n"
+      "      g");
+  constexpr std::array<int, 9> kGainDepths{1, 2, 3, 4, 5, 6, 8, 12, kGainDepth};
+  for (int d : kGainDepths) std::printf("%9d", d);
+  std::printf("  collapsed at depth\n");
+  for (std::size_t i = 0; i < kGains.size(); ++i) {
+    std::printf("  %5g", kGains[i]);
+    for (int d : kGainDepths) std::printf("%9.2g", r.gain[i][static_cast<std::size_t>(d)]);
+    const int at = collapse_depth(r.gain[i]);
+    if (at == 0)
+      std::printf("  %18s\n", "-");
+    else
+      std::printf("  %18d\n", at);
+  }
+  if (!write_remedies_figure(r)) return 1;
+  std::printf("\nwrote oversmoothing_remedies.svg\n\n");
 
   // ---- The verdict ----
   bool ok = true;
@@ -385,5 +542,40 @@ int main(int argc, char** argv) {
   check(pre_ratio <= 0.8, line);
   std::printf("  (not checked: post-norm's last / first = %.2f; it depends on the draw, see docs/oversmoothing.md)\n",
               post_ratio);
+  // part 3: which remedies alone stop the collapse (the residual's own check is the second one above)
+  double worst = 0;  // the largest spread at depth 32 / depth 1 of a remedy without a residual
+  for (std::size_t w = 2; w < kRemedies; ++w) worst = std::max(worst, r.spread[w][kDepth] / r.spread[w][1]);
+  std::snprintf(line, sizeof line,
+                "FFN, W_V = W_O = I, LayerNorm, alone or all but the residual: each collapses: spread at depth 32 / "
+                "depth 1 <= %.2g (needs <= 1e-6)",
+                worst);
+  check(worst <= 1e-6, line);
+  const int attention_at = collapse_depth(r.spread[0]);
+  int latest = 0;  // the latest collapse of those four (a column that never collapses counts as depth 33)
+  for (std::size_t w = 2; w < kRemedies; ++w) {
+    const int at = collapse_depth(r.spread[w]);
+    latest = std::max(latest, at == 0 ? kDepth + 1 : at);
+  }
+  std::snprintf(line, sizeof line,
+                "none of them delays the collapse by more than a layer: attention only at depth %d, the latest at "
+                "%d (needs <= %d)",
+                attention_at, latest, attention_at + 1);
+  check(attention_at > 0 && latest <= attention_at + 1, line);
+  const int unscaled_at = collapse_depth(r.gain[0]);
+  int gain_latest = 0;
+  double gain_worst = 0;
+  for (std::size_t i = 0; i < kGains.size(); ++i) {
+    const int at = collapse_depth(r.gain[i]);
+    gain_latest = std::max(gain_latest, at == 0 ? kDepth + 1 : at);
+    gain_worst = std::max(gain_worst, r.gain[i][kGainDepth] / r.gain[i][1]);
+  }
+  std::snprintf(line, sizeof line,
+                "a larger FFN slows the collapse: g = 1 collapses at depth %d, the latest of g = 4, 8, 32 at %d "
+                "(needs >= %d)",
+                unscaled_at, gain_latest, unscaled_at + 2);
+  check(unscaled_at > 0 && gain_latest >= unscaled_at + 2, line);
+  std::snprintf(line, sizeof line,
+                "but does not stop it: spread at depth 16 / depth 1 <= %.2g for every g (needs <= 1e-6)", gain_worst);
+  check(gain_worst <= 1e-6, line);
   return ok ? 0 : 1;
 }
