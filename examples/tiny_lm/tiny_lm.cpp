@@ -3,23 +3,41 @@
 // The model: a token embedding (one row per character), a TransformerStack of pre-norm decoder layers
 // (decoder_layer_config: causal self-attention with RoPE over each whole head, GELU feed-forward network) with a
 // final LayerNorm, and an output head tied to the embedding (logits = h W^T, W the embedding table; --untied gives
-// the head its own matrix). Trained on next-character prediction with softmax cross-entropy, AdamW (weight decay on matrices only),
-// linear warmup then cosine decay, gradient clipping by the global norm. Text: /usr/share/common-licenses/GPL-3
-// (on every Debian machine) or --text PATH; the last 10% is held out. Then it samples text one character at a
-// time through the KV cache (TransformerStack::make_cache / step).
+// the head its own matrix). Trained on next-character prediction with softmax cross-entropy, AdamW (weight decay on
+// matrices only), linear warmup then cosine decay, gradient clipping by the global norm. Text:
+// /usr/share/common-licenses/GPL-3 (on every Debian machine) or --text PATH; the last 10% is held out. Then it samples
+// text one character at a time through the KV cache (TransformerStack::make_cache / step), optionally with CTRL's
+// repetition penalty.
+//
+// Repetition (the chapter's section 12.2): greedy decoding (temperature 0) falls into a loop, and CTRL's repetition
+// penalty (Keskar et al. 2019: the logit of every character already in the text, prompt included, divided by theta
+// when positive, multiplied by theta when negative) is the usual remedy. The program decodes --repetition-test
+// characters greedily without the penalty, with theta 1.2 and 2 over the whole text (as Hugging Face applies it),
+// and with theta 1.2 and 2 over the last L characters (L = the context; llama.cpp's repeat_last_n), and prints the
+// share of repeated 8-grams and the loop each text ends in (tiny_lm_repetition.svg draws the share along the text).
+// For a character-level model the penalty over the whole text only postpones the loop: once the loop's characters
+// have all occurred, dividing their positive logits by the same theta keeps their order, and greedy decoding picks
+// what it picked before. Over the last L characters it breaks every loop that fits in L; what is left is a loop a
+// little longer than L (which the window cannot see) or none.
 //
 //   tiny_lm                                   train (70 to 80 s on one core), evaluate, sample
 //   tiny_lm --save lm.safetensors             ... and write a checkpoint, reloaded at once to check it
 //   tiny_lm --load lm.safetensors             sample from a checkpoint, no training
 //   tiny_lm --quick                           a small model for a few seconds (what ctest runs)
+//   tiny_lm --repetition-penalty 1.2          sample with the penalty (--repetition-window N: over the last N)
 //   tiny_lm --help                            every flag
 //
 // Exit codes: 0 success; 1 a check failed (held-out loss not at least --margin nats below the unigram entropy,
-// cached sampling differs from the full forward, a reloaded checkpoint gives another held-out loss); 2 bad
-// arguments, a missing text file or an unreadable checkpoint. Walk-through and measured figures: docs/tiny_lm.md.
+// cached sampling differs from the full forward, a reloaded checkpoint gives another held-out loss; and, unless
+// --repetition-test 0: greedy decoding without the penalty does not end in a loop in which at least 80% of the
+// 8-grams repeat, the penalty over the whole text does not end in a loop that starts later (for theta 1.2 the same
+// loop), the penalty over the last L characters ends in a loop of L characters or fewer; measured at --quick seeds
+// 1 to 7 and the default model at seed 1, docs/tiny_lm.md); 2 bad arguments, a missing text file or an unreadable
+// checkpoint. Walk-through and measured figures: docs/tiny_lm.md.
 #include <selfattn/io/safetensors.hpp>
 #include <selfattn/io/transformer_state_dict.hpp>
 #include <selfattn/nn/embedding.hpp>
+#include <selfattn/plot/line_chart.hpp>
 #include <selfattn/selfattn.hpp>
 #include <selfattn/train/adamw.hpp>
 #include <selfattn/train/cross_entropy.hpp>
@@ -29,8 +47,8 @@
 #include "../example_args.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -42,6 +60,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -93,26 +112,33 @@ struct Options {
   Index generate = 400;
   double temperature = 0.8;
   Index top_k = 10;
+  double repetition_penalty = 1;  // CTRL's theta over the characters already in the text; 1 = off
+  Index repetition_window = 0;    // the penalty looks at the last N characters only; 0 = the whole text
   std::uint64_t sample_seed = 7;
-  Index check_tokens = 8;  // generated tokens checked against a full forward
+  Index check_tokens = 8;        // generated tokens checked against a full forward
+  Index repetition_test = 2000;  // characters generated greedily per row of the repetition measurement; 0: none
 };
 
 // --quick: what ctest runs, sized by the build. Optimised: a 1-layer model trained for about 3 s, the held-out loss
 // at least 0.5 nats below the unigram entropy. Without optimisation (the AddressSanitizer Debug build of CI, where
 // Eigen runs some 300 times slower) a smaller model sees about 20,000 characters, margin 0.15. The measured
 // figures are in docs/tiny_lm.md. __OPTIMIZE__: g++ and clang++ from -O1 up (NDEBUG would not do: -O2 without it
-// is common).
+// is common). The repetition measurement runs on 300 characters in the optimised build only: the unoptimised
+// model (context 8) loops too, but the penalty's effects checked at the other sizes did not hold there (seeds 1 to
+// 3: another loop, or the same loop from the first character; docs/tiny_lm.md).
 void apply_quick(Options& o) {
 #ifdef __OPTIMIZE__
   o.embed = 32, o.heads = 2, o.layers = 1, o.context = 32;
   o.steps = 400, o.batch = 16, o.warmup = 15;
   o.lr = 1e-2, o.min_lr = 1e-3;
   o.margin = 0.5;
+  o.repetition_test = 300;
 #else
   o.embed = 16, o.heads = 2, o.layers = 1, o.context = 8, o.tied = false;
   o.steps = 150, o.batch = 16, o.warmup = 10;
   o.lr = 2e-2, o.min_lr = 2e-3;
   o.margin = 0.15;
+  o.repetition_test = 0;
 #endif
   o.eval_every = 0;  // the held-out loss at the end only
   o.generate = 60;
@@ -155,11 +181,17 @@ void print_usage(const char* program) {
       "  --generate N         characters to generate (default %td)\n"
       "  --temperature X      softmax temperature; 0 = always the most likely character (default %g)\n"
       "  --top-k K            sample among the K most likely characters; 0 = all (default %td)\n"
-      "  --sample-seed N      seed of the sampler (default %llu)\n",
+      "  --repetition-penalty X  divide the logits of the characters already in the text (prompt included) by X\n"
+      "                       when positive, multiply when negative (CTRL; default %g = off)\n"
+      "  --repetition-window N  the penalty looks at the last N characters only (default %td = the whole text)\n"
+      "  --sample-seed N      seed of the sampler (default %llu)\n"
+      "  --repetition-test N  characters generated greedily per row of the repetition measurement (default %td,\n"
+      "                       --quick in this build %td); 0 skips it and its checks\n",
       program, kDefaultText, q.embed, q.layers, q.context, q.steps, q.batch, q.margin, d.embed, d.heads, d.layers,
       d.context, d.steps, d.batch, d.lr, d.min_lr, d.warmup, d.weight_decay, d.clip, d.dropout,
       static_cast<unsigned long long>(d.seed), d.margin, d.prompt.c_str(), d.generate, d.temperature, d.top_k,
-      static_cast<unsigned long long>(d.sample_seed));
+      d.repetition_penalty, d.repetition_window, static_cast<unsigned long long>(d.sample_seed), d.repetition_test,
+      q.repetition_test);
 }
 
 // Parses argv into `o`; false (after a message) on anything it does not understand.
@@ -222,7 +254,10 @@ bool parse_options(int argc, char** argv, Options& o) {
     else if (flag == "--generate") ok = integer(o.generate, 0);
     else if (flag == "--temperature") ok = real(o.temperature, 0);
     else if (flag == "--top-k") ok = integer(o.top_k, 0);
+    else if (flag == "--repetition-penalty") ok = real(o.repetition_penalty, 1e-12);
+    else if (flag == "--repetition-window") ok = integer(o.repetition_window, 0);
     else if (flag == "--sample-seed") ok = parse_seed(value, o.sample_seed);
+    else if (flag == "--repetition-test") ok = integer(o.repetition_test, 0);
     else {
       std::fprintf(stderr, "tiny_lm: unknown flag %s; see --help\n", flag.c_str());
       return false;
@@ -429,7 +464,7 @@ Pass forward(const Model& m, Tensor<Index, 2> tokens, std::uint64_t dropout_seed
   AttentionOptions<T> opts;
   opts.seed = dropout_seed;
   p.hidden = m.stack.forward(embedding<T>(m.embedding, p.tokens), opts);  // the temporary x is kept in `hidden`
-  p.logits = linear<T>(p.hidden.output, m.output_weight());              // logits = h W^T, W (V, E)
+  p.logits = linear<T>(p.hidden.output, m.output_weight());               // logits = h W^T, W (V, E)
   return p;
 }
 
@@ -447,8 +482,10 @@ Gradients backward(const Model& m, const Pass& p, const Tensor<T, 3>& d_logits) 
   g.stack = std::move(stack.params);
   // x = embedding[tokens]: each row of dx goes back into its token's row. Tied: the head's dW lands there too.
   g.embedding = embedding_backward<T>(p.tokens, stack.d_input, m.cfg.vocab);
-  if (m.cfg.tied) g.embedding += head.dweight;
-  else g.head = std::move(head.dweight);
+  if (m.cfg.tied)
+    g.embedding += head.dweight;
+  else
+    g.head = std::move(head.dweight);
   return g;
 }
 
@@ -595,18 +632,34 @@ Index sample(const T* logits, Index vocab, double temperature, Index top_k, Rng&
   std::vector<double> p(k);
   const double top = static_cast<double>(logits[order.front()]);
   double sum = 0;
-  for (std::size_t i = 0; i < k; ++i) sum += p[i] = std::exp((static_cast<double>(logits[order[i]]) - top) / temperature);
+  for (std::size_t i = 0; i < k; ++i)
+    sum += p[i] = std::exp((static_cast<double>(logits[order[i]]) - top) / temperature);
   double u = uniform01(rng) * sum;
   for (std::size_t i = 0; i < k; ++i)
     if ((u -= p[i]) < 0) return order[i];
   return order[k - 1];
 }
 
+// CTRL's repetition penalty (Keskar et al. 2019), applied as Hugging Face's RepetitionPenaltyLogitsProcessor does:
+// every character that occurs in `ids` (the prompt and what followed; with window > 0 only the last `window` of
+// them) has its logit divided by theta when positive, multiplied by theta when negative: once, however often it
+// occurred. Characters not in the text keep their logits.
+void penalise_repetition(T* logits, Index vocab, const std::vector<Index>& ids, Index window, double theta) {
+  std::vector<char> seen(static_cast<std::size_t>(vocab), 0);
+  const std::size_t first =
+      window > 0 && ids.size() > static_cast<std::size_t>(window) ? ids.size() - static_cast<std::size_t>(window) : 0;
+  for (std::size_t i = first; i < ids.size(); ++i) seen[static_cast<std::size_t>(ids[i])] = 1;
+  for (Index c = 0; c < vocab; ++c)
+    if (seen[static_cast<std::size_t>(c)])
+      logits[c] = static_cast<T>(logits[c] > 0 ? static_cast<double>(logits[c]) / theta
+                                               : static_cast<double>(logits[c]) * theta);
+}
+
 struct SampleReport {
-  std::u32string text;               // the prompt and what followed
-  double ms_per_token = 0;           // per generated character: embedding, step, head, sampling
-  double max_difference = 0;         // cached logits against the full forward's last row
-  Index checked = 0;                 // generated characters checked so
+  std::u32string text;        // the prompt and what followed
+  double ms_per_token = 0;    // per generated character: embedding, step, head, sampling
+  double max_difference = 0;  // cached logits against the full forward's last row
+  Index checked = 0;          // generated characters checked so
 };
 
 // The prompt in one step (prefill), then one character at a time through a sliding-window cache of L tokens
@@ -618,6 +671,7 @@ SampleReport generate(const Model& m, const std::vector<Index>& prompt, const Op
   TransformerStackCache<T> cache = m.stack.make_cache(1, CachePolicy::sliding_window(m.cfg.context));
   std::vector<Index> ids = prompt;
   std::vector<std::vector<T>> cached_logits;  // of the first generated characters, checked below
+  std::vector<T> penalised;                   // the logits after the repetition penalty
 
   const auto logits_of_last = [&](const Tensor<T, 3>& h) {  // the head on the last row of h (1, n, E)
     const Index n = h.dim(1);
@@ -634,7 +688,13 @@ SampleReport generate(const Model& m, const std::vector<Index>& prompt, const Op
   Tensor<T, 3> logits = step_tokens(prompt);  // prefill
   const double prefill = seconds_since(start);
   for (Index i = 0; i < o.generate; ++i) {
-    const Index next = sample(logits.data(), v, o.temperature, o.top_k, rng);
+    const T* scores = logits.data();
+    if (o.repetition_penalty != 1) {
+      penalised.assign(logits.data(), logits.data() + v);
+      penalise_repetition(penalised.data(), v, ids, o.repetition_window, o.repetition_penalty);
+      scores = penalised.data();
+    }
+    const Index next = sample(scores, v, o.temperature, o.top_k, rng);
     if (i < o.check_tokens && static_cast<Index>(ids.size()) < m.cfg.context)
       cached_logits.emplace_back(logits.data(), logits.data() + v);
     ids.push_back(next);
@@ -650,15 +710,138 @@ SampleReport generate(const Model& m, const std::vector<Index>& prompt, const Op
     std::copy(ids.begin(), ids.begin() + n, tokens.data());
     const Pass full = forward(m, std::move(tokens), 0);
     for (Index c = 0; c < v; ++c)
-      r.max_difference = std::max(r.max_difference, std::fabs(static_cast<double>(full.logits(0, n - 1, c)) -
-                                                              static_cast<double>(cached_logits[i][static_cast<std::size_t>(c)])));
+      r.max_difference =
+          std::max(r.max_difference, std::fabs(static_cast<double>(full.logits(0, n - 1, c)) -
+                                               static_cast<double>(cached_logits[i][static_cast<std::size_t>(c)])));
     ++r.checked;
   }
   for (Index id : ids) r.text.push_back(vocab[static_cast<std::size_t>(id)]);
   return r;
 }
 
-// ---- 7. Checkpoints (.safetensors) ------------------------------------------------------------------
+// ---- 7. Repetition under greedy decoding, with and without the penalty ----------------------------
+// Greedy decoding (temperature 0) takes the most likely character, from a window of the last L characters: once the
+// window (and what the penalty looks at) holds what it held before, the same characters follow and the text is in
+// a loop (exactly so for one layer; more layers' cached keys and values carry a little more of the past). Each row
+// below generates --repetition-test characters greedily after the prompt and measures them.
+
+constexpr Index kGram = 8;           // repeated n-grams: windows of this many characters
+constexpr Index kShortestLoop = 16;  // a cycle is a loop when its repeats cover at least this many characters
+constexpr double kLoopShare = 0.8;   // without the penalty at least this share of the 8-grams must repeat
+
+// repeated[i] = 1 when the kGram characters of `s` ending at i also start at an earlier position of `s` (overlaps
+// allowed: "aaaaaaaaa" repeats its first 8-gram at once); 0 for the first kGram - 1 positions, which end no window.
+std::vector<char> repeated_windows(const std::u32string& s) {
+  std::vector<char> repeated(s.size(), 0);
+  std::unordered_set<std::u32string> earlier;
+  for (std::size_t end = static_cast<std::size_t>(kGram); end <= s.size(); ++end) {
+    const std::u32string window = s.substr(end - static_cast<std::size_t>(kGram), static_cast<std::size_t>(kGram));
+    repeated[end - 1] = !earlier.insert(window).second;
+  }
+  return repeated;
+}
+
+// The cycle that `s` ends in: a period p and the position `onset` from which s is that cycle repeated to its end
+// (s[k] == s[k - p] for every k >= onset + p), covering at least 3 cycles and kShortestLoop characters. Of all
+// such periods the one that starts earliest (the shortest among equals). Period 0: s ends in no loop.
+struct Cycle {
+  Index period = 0, onset = 0;
+};
+
+Cycle final_cycle(const std::u32string& s) {
+  const Index n = static_cast<Index>(s.size());
+  Cycle best;
+  for (Index p = 1; 3 * p <= n; ++p) {
+    Index k = n;  // s[k..n) is periodic with period p
+    while (k - p > 0 && s[static_cast<std::size_t>(k - 1)] == s[static_cast<std::size_t>(k - 1 - p)]) --k;
+    const Index onset = k - p, span = n - onset;
+    if (span >= 3 * p && span >= kShortestLoop && (best.period == 0 || onset < best.onset)) best = {p, onset};
+  }
+  return best;
+}
+
+// True when two cycles are the same up to where they start: of equal length, b a rotation of a.
+bool same_cycle(const std::u32string& a, const std::u32string& b) {
+  return !a.empty() && a.size() == b.size() && (a + a).find(b) != std::u32string::npos;
+}
+
+struct RepetitionRow {
+  double theta = 1;            // the penalty
+  Index window = 0;            // over the last `window` characters; 0: the whole text
+  std::u32string text;         // what was generated, without the prompt
+  std::vector<char> repeated;  // repeated_windows(text)
+  double share = 0;            // the share of text's kGram-windows that repeat an earlier one
+  Cycle cycle;                 // the loop the text ends in
+  std::u32string cycle_text() const {
+    return cycle.period ? text.substr(static_cast<std::size_t>(cycle.onset), static_cast<std::size_t>(cycle.period))
+                        : std::u32string();
+  }
+};
+
+RepetitionRow greedy_row(const Model& m, const std::vector<Index>& prompt, const Options& o,
+                         const std::u32string& vocab, double theta, Index window) {
+  Options greedy = o;
+  greedy.temperature = 0;
+  greedy.generate = o.repetition_test;
+  greedy.check_tokens = 0;
+  greedy.repetition_penalty = theta;
+  greedy.repetition_window = window;
+  RepetitionRow r;
+  r.theta = theta;
+  r.window = window;
+  r.text = generate(m, prompt, greedy, vocab).text.substr(prompt.size());
+  r.repeated = repeated_windows(r.text);
+  const Index windows = static_cast<Index>(r.text.size()) - kGram + 1;
+  r.share = windows > 0 ? static_cast<double>(std::count(r.repeated.begin(), r.repeated.end(), 1)) /
+                              static_cast<double>(windows)
+                        : 0;
+  r.cycle = final_cycle(r.text);
+  return r;
+}
+
+// Along a text: at every position i from span + kGram - 2 on, the share of the `span` 8-grams ending in (i - span, i]
+// that occurred before (`repeated` from repeated_windows). The chart's curves.
+std::vector<double> running_share(const std::vector<char>& repeated, Index span) {
+  std::vector<double> share;
+  double sum = 0;
+  for (Index i = 0; i < static_cast<Index>(repeated.size()); ++i) {
+    sum += repeated[static_cast<std::size_t>(i)];
+    if (i >= span + kGram - 1) sum -= repeated[static_cast<std::size_t>(i - span)];
+    if (i >= span + kGram - 2) share.push_back(sum / static_cast<double>(span));
+  }
+  return share;
+}
+
+// The yardstick: the training text cut into pieces of `length` characters, the mean over the pieces of their
+// share of repeated 8-grams (`share`) and of their running_share curves (`curve`).
+struct TextRepetition {
+  double share = 0;
+  std::vector<double> curve;
+};
+
+TextRepetition text_repetition(const std::vector<Index>& ids, const std::u32string& vocab, Index length, Index span) {
+  TextRepetition t;
+  Index pieces = 0;
+  for (std::size_t first = 0; first + static_cast<std::size_t>(length) <= ids.size();
+       first += static_cast<std::size_t>(length)) {
+    std::u32string piece;
+    for (Index i = 0; i < length; ++i)
+      piece.push_back(vocab[static_cast<std::size_t>(ids[first + static_cast<std::size_t>(i)])]);
+    const std::vector<char> repeated = repeated_windows(piece);
+    t.share +=
+        static_cast<double>(std::count(repeated.begin(), repeated.end(), 1)) / static_cast<double>(length - kGram + 1);
+    const std::vector<double> curve = running_share(repeated, span);
+    t.curve.resize(curve.size(), 0.0);
+    for (std::size_t i = 0; i < curve.size(); ++i) t.curve[i] += curve[i];
+    ++pieces;
+  }
+  if (pieces == 0) return t;
+  t.share /= static_cast<double>(pieces);
+  for (double& v : t.curve) v /= static_cast<double>(pieces);
+  return t;
+}
+
+// ---- 8. Checkpoints (.safetensors) ------------------------------------------------------------------
 // Tensors: "embedding.weight" (V, E), "head.weight" (V, E) when untied, and the stack under "stack." with
 // PyTorch's nn.TransformerEncoder names (io/transformer_state_dict.hpp). Metadata: the configuration, the
 // vocabulary (UTF-8), the hash of the training text and the held-out loss at save time.
@@ -696,17 +879,20 @@ Checkpoint load_checkpoint(const std::string& path) {
   const SafetensorsFile f = read_safetensors(path);
   const auto meta = [&](const std::string& key) {
     const auto it = f.metadata().find(key);
-    if (it == f.metadata().end()) throw std::runtime_error(path + ": no metadata '" + key + "' (not a tiny_lm checkpoint?)");
+    if (it == f.metadata().end())
+      throw std::runtime_error(path + ": no metadata '" + key + "' (not a tiny_lm checkpoint?)");
     return it->second;
   };
   const auto number = [&](const std::string& key) {
     const std::string text = meta(key);
     char* end = nullptr;
     const long long v = std::strtoll(text.c_str(), &end, 10);
-    if (end == text.c_str() || *end != '\0' || v < 1) throw std::runtime_error(path + ": bad metadata " + key + " = " + text);
+    if (end == text.c_str() || *end != '\0' || v < 1)
+      throw std::runtime_error(path + ": bad metadata " + key + " = " + text);
     return static_cast<Index>(v);
   };
-  if (meta("format") != "selfattn tiny_lm 1") throw std::runtime_error(path + ": format '" + meta("format") + "' is not 'selfattn tiny_lm 1'");
+  if (meta("format") != "selfattn tiny_lm 1")
+    throw std::runtime_error(path + ": format '" + meta("format") + "' is not 'selfattn tiny_lm 1'");
   ModelConfig cfg;
   const std::u32string vocabulary = decode_utf8(meta("vocabulary"));
   cfg.vocab = static_cast<Index>(vocabulary.size());
@@ -719,7 +905,8 @@ Checkpoint load_checkpoint(const std::string& path) {
                std::strtod(meta("held_out_loss").c_str(), nullptr)};
   const auto matrix = [&](const std::string& name, Tensor<T, 2>& into) {
     Tensor<T, 2> t = f.tensor<T, 2>(name);
-    if (t.shape() != into.shape()) throw std::runtime_error(path + ": " + name + " does not match the metadata's sizes");
+    if (t.shape() != into.shape())
+      throw std::runtime_error(path + ": " + name + " does not match the metadata's sizes");
     into = std::move(t);
   };
   matrix("embedding.weight", c.model.embedding);
@@ -728,7 +915,7 @@ Checkpoint load_checkpoint(const std::string& path) {
   return c;
 }
 
-// ---- 8. Reports -------------------------------------------------------------------------------------
+// ---- 9. Reports -------------------------------------------------------------------------------------
 
 std::string thread_count() {
 #ifdef _OPENMP
@@ -750,6 +937,88 @@ std::vector<Index> encode_prompt(const Options& o, const std::u32string& vocab, 
   }
   if (ids.empty()) throw std::runtime_error("the prompt is empty (--prompt)");
   return ids;
+}
+
+std::string printable(const std::u32string& text) {
+  std::string out;
+  for (char32_t c : text) out += printable(c);
+  return out;
+}
+
+// The penalty of a repetition row, as the table names it.
+std::string penalty_name(const RepetitionRow& r) {
+  if (r.theta == 1) return "off";
+  char text[64];
+  if (r.window > 0)
+    std::snprintf(text, sizeof text, "%g, last %td characters", r.theta, r.window);
+  else
+    std::snprintf(text, sizeof text, "%g, whole text", r.theta);
+  return text;
+}
+
+// The rows of the repetition measurement: penalty off; theta 1.2 and 2 over the whole text (as Hugging Face
+// applies it); theta 1.2 and 2 over the last L characters (L the model's context, as llama.cpp's repeat_last_n).
+std::vector<RepetitionRow> measure_repetition(const Model& m, const std::vector<Index>& prompt, const Options& o,
+                                              const std::u32string& vocab) {
+  const Index l = m.cfg.context;
+  const std::pair<double, Index> settings[] = {{1.0, 0}, {1.2, 0}, {2.0, 0}, {1.2, l}, {2.0, l}};
+  std::vector<RepetitionRow> rows;
+  for (const auto& setting : settings) rows.push_back(greedy_row(m, prompt, o, vocab, setting.first, setting.second));
+  return rows;
+}
+
+// The table, the first characters of each text, and a chart of the share of repeated 8-grams along the text.
+void print_repetition(const std::vector<RepetitionRow>& rows, const TextRepetition& yardstick, Index span,
+                      const Options& o, const std::u32string& prompt) {
+  std::printf("\nrepetition under greedy decoding (temperature 0): %td characters after \"%s\"\n", o.repetition_test,
+              printable(prompt).c_str());
+  std::printf("  penalty                  repeated 8-grams  the loop the text ends in\n");
+  const std::u32string off_cycle = rows.front().cycle_text();
+  for (const RepetitionRow& r : rows) {
+    std::string loop = "none";
+    if (r.cycle.period > 0 && &r != &rows.front() && same_cycle(r.cycle_text(), off_cycle)) {
+      loop = "the same, from character " + std::to_string(r.cycle.onset);
+    } else if (r.cycle.period > 0) {
+      std::string cycle = printable(r.cycle_text());
+      if (r.cycle.period > 32) cycle = printable(r.cycle_text().substr(0, 32)) + "...";
+      loop = std::to_string(r.cycle.period) + " characters from character " + std::to_string(r.cycle.onset) + ": \"" +
+             cycle + "\"";
+    }
+    std::printf("  %-24s %8.3f          %s\n", penalty_name(r).c_str(), r.share, loop.c_str());
+  }
+  std::printf("  %-24s %8.3f          (pieces of %td characters, mean)\n", "the training text", yardstick.share,
+              o.repetition_test);
+  std::printf("the texts' first 80 characters:\n");
+  for (const RepetitionRow& r : rows)
+    std::printf("  %-24s %s\n", penalty_name(r).c_str(), printable(r.text.substr(0, 80)).c_str());
+
+  // The chart: along each text, the share of the 8-grams ending in the last `span` characters that occurred before.
+  LineChart chart;
+  chart.title = "greedy decoding: repeated 8-grams";
+  chart.x.label = "generated characters";
+  chart.y.label = "repeated, last " + std::to_string(span) + " characters";
+  chart.y.min = 0;
+  chart.y.max = 1;
+  const std::size_t stride = static_cast<std::size_t>(std::max<Index>(1, o.repetition_test / 400));  // a smaller file
+  const auto add = [&](const std::string& label, const char* colour, bool dashed, const std::vector<double>& y) {
+    LineSeries series{label, colour, {}, {}, false, dashed};
+    for (std::size_t i = 0; i < y.size(); ++i)
+      if (i % stride == 0 || i + 1 == y.size()) {
+        series.x.push_back(static_cast<double>(span + kGram - 1) + static_cast<double>(i));
+        series.y.push_back(y[i]);
+      }
+    if (!y.empty()) chart.series.push_back(std::move(series));
+  };
+  const char* colours[] = {"#d62728", "#1f77b4", "#1f77b4", "#2ca02c", "#2ca02c"};
+  for (std::size_t k = 0; k < rows.size(); ++k)
+    add("penalty " + penalty_name(rows[k]), colours[k % 5], rows[k].theta > 1.5, running_share(rows[k].repeated, span));
+  add("the training text (mean of its pieces)", "#7f7f7f", false, yardstick.curve);
+  if (!chart.series.empty()) {
+    LineChartOptions options;
+    options.plot_width = 480;
+    write_line_charts_svg("tiny_lm_repetition.svg", {chart}, options);
+    std::printf("wrote tiny_lm_repetition.svg\n");
+  }
 }
 
 }  // namespace
@@ -783,8 +1052,8 @@ int main(int argc, char** argv) {
       corpus = read_corpus(o.text, &loaded->vocabulary);
     } else {
       corpus = read_corpus(o.text, nullptr);
-      ModelConfig cfg{static_cast<Index>(corpus.vocabulary.size()), o.embed, o.heads, o.layers, o.context, o.tied,
-                      o.dropout};
+      ModelConfig cfg{
+          static_cast<Index>(corpus.vocabulary.size()), o.embed, o.heads, o.layers, o.context, o.tied, o.dropout};
       model = std::make_unique<Model>(cfg, o.seed);
     }
   } catch (const std::exception& e) {
@@ -800,9 +1069,10 @@ int main(int argc, char** argv) {
   const double entropy = unigram_entropy(corpus.train, m.cfg.vocab);
   std::printf("text: %s, %zu characters (%zu for training, %zu held out), vocabulary %td\n", o.text.c_str(),
               corpus.train.size() + corpus.held.size(), corpus.train.size(), corpus.held.size(), m.cfg.vocab);
-  std::printf("unigram entropy of the training text: %.4f nats per character (the loss of a model without context);\n"
-              "  those frequencies score %.4f on the held-out text\n",
-              entropy, unigram_cross_entropy(corpus.train, corpus.held, m.cfg.vocab));
+  std::printf(
+      "unigram entropy of the training text: %.4f nats per character (the loss of a model without context);\n"
+      "  those frequencies score %.4f on the held-out text\n",
+      entropy, unigram_cross_entropy(corpus.train, corpus.held, m.cfg.vocab));
   std::printf("model: %s%td layers, E = %td, H = %td, FFN %td, context %td, RoPE, %s head; %td parameters\n",
               loaded ? "loaded from a checkpoint: " : "", m.cfg.layers, m.cfg.embed, m.cfg.heads, 4 * m.cfg.embed,
               m.cfg.context, m.cfg.tied ? "tied" : "untied", m.parameter_count());
@@ -811,8 +1081,10 @@ int main(int argc, char** argv) {
   TrainingReport training;
   double held = 0;
   if (!loaded) {
-    std::printf("training: %td steps of %td x %td characters, AdamW (lr %.1e -> %.1e, warmup %td, weight decay %g), "
-                "clip %g\n", o.steps, o.batch, o.context, o.lr, o.min_lr, o.warmup, o.weight_decay, o.clip);
+    std::printf(
+        "training: %td steps of %td x %td characters, AdamW (lr %.1e -> %.1e, warmup %td, weight decay %g), "
+        "clip %g\n",
+        o.steps, o.batch, o.context, o.lr, o.min_lr, o.warmup, o.weight_decay, o.clip);
     training = train(m, corpus, o);
     held = held_out_loss(m, corpus.held);
   } else {
@@ -848,8 +1120,9 @@ int main(int argc, char** argv) {
 
   // ---- Sampling ----
   SampleReport sample;
+  std::vector<Index> prompt;
   try {
-    const std::vector<Index> prompt = encode_prompt(o, corpus.vocabulary, corpus.train);
+    prompt = encode_prompt(o, corpus.vocabulary, corpus.train);
     sample = generate(m, prompt, o, corpus.vocabulary);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tiny_lm: %s\n", e.what());
@@ -857,8 +1130,30 @@ int main(int argc, char** argv) {
   }
   const bool cache_ok = sample.max_difference <= 1e-4;
   ok = ok && cache_ok;
-  std::printf("\nsample (temperature %g, top-k %td, seed %llu):\n----\n%s\n----\n", o.temperature, o.top_k,
+  char penalty[96] = "";
+  if (o.repetition_penalty != 1 && o.repetition_window > 0)
+    std::snprintf(penalty, sizeof penalty, ", repetition penalty %g over the last %td characters", o.repetition_penalty,
+                  o.repetition_window);
+  else if (o.repetition_penalty != 1)
+    std::snprintf(penalty, sizeof penalty, ", repetition penalty %g", o.repetition_penalty);
+  std::printf("\nsample (temperature %g, top-k %td%s, seed %llu):\n----\n%s\n----\n", o.temperature, o.top_k, penalty,
               static_cast<unsigned long long>(o.sample_seed), encode_utf8(sample.text).c_str());
+
+  // ---- Repetition under greedy decoding ----
+  std::vector<RepetitionRow> rows;
+  if (o.repetition_test > 0) {
+    rows = measure_repetition(m, prompt, o, corpus.vocabulary);
+    const Index span = std::max<Index>(2 * kGram, o.repetition_test / 20);  // the chart's running window
+    const TextRepetition yardstick = text_repetition(corpus.train, corpus.vocabulary, o.repetition_test, span);
+    std::u32string prompt_text;
+    for (Index id : prompt) prompt_text.push_back(corpus.vocabulary[static_cast<std::size_t>(id)]);
+    try {
+      print_repetition(rows, yardstick, span, o, prompt_text);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "tiny_lm: tiny_lm_repetition.svg: %s\n", e.what());
+      return 2;
+    }
+  }
 
   std::printf("\nresults\n");
   std::printf("  held-out loss           %.4f nats per character\n", held);
@@ -874,6 +1169,38 @@ int main(int argc, char** argv) {
   std::printf("  ms per generated token  %.3f\n", sample.ms_per_token);
   std::printf("  cache check             %td tokens, max |cached - full forward| logit difference %.2e %s\n",
               sample.checked, sample.max_difference, cache_ok ? "ok" : "FAILED (> 1e-4)");
+  if (!rows.empty()) {
+    // rows: off; theta 1.2, 2 over the whole text; theta 1.2, 2 over the last L characters (measure_repetition).
+    const RepetitionRow& off = rows[0];
+    const Index l = m.cfg.context;
+    const auto loop_name = [&](const RepetitionRow& r) {
+      if (r.cycle.period == 0) return std::string("no loop");
+      return (&r != &off && same_cycle(r.cycle_text(), off.cycle_text())
+                  ? std::string("the same loop")
+                  : "a loop of " + std::to_string(r.cycle.period)) +
+             " from " + std::to_string(r.cycle.onset);
+    };
+    // Without the penalty the text ends in a loop, and most of its 8-grams repeat.
+    const bool loops = off.cycle.period > 0 && off.share >= kLoopShare;
+    std::printf(
+        "  greedy decoding         a loop of %td characters from character %td, %.3f of the 8-grams repeat "
+        "(needed: a loop, at least %.2f) %s\n",
+        off.cycle.period, off.cycle.onset, off.share, kLoopShare, loops ? "ok" : "FAILED");
+    // Over the whole text the penalty postpones the loop: a loop that starts later, for theta 1.2 the same one.
+    const bool postponed = loops && rows[1].cycle.period > 0 && same_cycle(rows[1].cycle_text(), off.cycle_text()) &&
+                           rows[1].cycle.onset > off.cycle.onset && rows[2].cycle.period > 0 &&
+                           rows[2].cycle.onset > off.cycle.onset;
+    std::printf(
+        "  penalty, whole text     theta 1.2: %s, theta 2: %s (needed: a loop after %td, for 1.2 the same) %s\n",
+        loop_name(rows[1]).c_str(), loop_name(rows[2]).c_str(), off.cycle.onset, postponed ? "ok" : "FAILED");
+    // Over the last L characters it breaks every loop that fits in L: what is left is longer, or none.
+    const bool no_short_loop = loops && (rows[3].cycle.period == 0 || rows[3].cycle.period > l) &&
+                               (rows[4].cycle.period == 0 || rows[4].cycle.period > l);
+    const std::string last = "penalty, last " + std::to_string(l);
+    std::printf("  %-22s  theta 1.2: %s, theta 2: %s (needed: no loop of %td characters or fewer) %s\n", last.c_str(),
+                loop_name(rows[3]).c_str(), loop_name(rows[4]).c_str(), l, no_short_loop ? "ok" : "FAILED");
+    ok = ok && loops && postponed && no_short_loop;
+  }
   if (!ok) std::printf("FAILED\n");
   return ok ? 0 : 1;
 }
