@@ -29,6 +29,7 @@
 #include <selfattn/io/transformer_state_dict.hpp>
 #include <selfattn/merge.hpp>
 #include <selfattn/nn/activation.hpp>
+#include <selfattn/nn/draft_tree.hpp>
 #include <selfattn/nn/embedding.hpp>
 #include <selfattn/nn/feed_forward.hpp>
 #include <selfattn/nn/kv_cache.hpp>

@@ -215,6 +215,51 @@ class KVCache {
     current = length;
   }
 
+  /// \brief After a tree of drafts was verified (MultiHeadAttention::step_tree appended them all at
+  /// `draft_start`), keeps only the accepted path: the drafts `path` (indices into the tree, strictly increasing,
+  /// as DraftTree::path_to gives them) move to slots draft_start, draft_start + 1, ... in order, and every other
+  /// draft is forgotten; positions() go back with them. The drafts were rotated at position prefix + depth, and a
+  /// path's depths are 0, 1, 2, ...: the kept keys are where k one-token steps would have put them. An empty path
+  /// rejects every draft (truncate(b, draft_start)).
+  ///
+  /// Throws std::invalid_argument naming `policy` under an evicting policy, `b` outside [0, batch()),
+  /// `draft_start` outside [0, lengths()[b]], or `path` when its entries are not strictly increasing drafts in
+  /// [0, lengths()[b] - draft_start); nothing changes then.
+  /// \code
+  /// const Index start = cache.lengths()[0];
+  /// auto y = mha.step_tree(drafts, cache, tree);            // verify every draft of the tree at once
+  /// cache.keep_draft_path(0, start, tree.path_to(leaf));    // keep the accepted ones
+  /// \endcode
+  void keep_draft_path(Index b, Index draft_start, const std::vector<Index>& path) {
+    const char* fn = "KVCache::keep_draft_path";
+    if (policy_.evicts()) detail::throw_invalid(fn, "policy", "cannot keep a draft path in a cache that evicts tokens");
+    if (b < 0 || b >= batch_)
+      detail::throw_invalid(fn, "b",
+                            "expected a sequence in [0, " + std::to_string(batch_) + "), got " + std::to_string(b));
+    Index& length = lengths_[static_cast<std::size_t>(b)];
+    if (draft_start < 0 || draft_start > length)
+      detail::throw_invalid(
+          fn, "draft_start",
+          "expected a value in [0, " + std::to_string(length) + "], got " + std::to_string(draft_start));
+    for (std::size_t i = 0; i < path.size(); ++i)
+      if (path[i] < (i == 0 ? 0 : path[i - 1] + 1) || path[i] >= length - draft_start)
+        detail::throw_invalid(fn, "path",
+                              "expected strictly increasing drafts in [0, " + std::to_string(length - draft_start) +
+                                  "), got path[" + std::to_string(i) + "] = " + std::to_string(path[i]));
+    // path[i] >= i: every row moves down or stays, and rows are read before they are overwritten
+    for (std::size_t i = 0; i < path.size(); ++i) {
+      const Index from = draft_start + path[i], to = draft_start + static_cast<Index>(i);
+      if (from == to) continue;
+      for (Index h = 0; h < kv_heads_; ++h) {
+        std::copy_n(&keys_(b, h, from, 0), head_dim_, &keys_(b, h, to, 0));
+        std::copy_n(&values_(b, h, from, 0), head_dim_, &values_(b, h, to, 0));
+      }
+    }
+    const Index kept = draft_start + static_cast<Index>(path.size());
+    seen_[static_cast<std::size_t>(b)] -= length - kept;
+    length = kept;
+  }
+
   /// The buffers MultiHeadAttention::step_into reuses from step to step for this cache's sequences (projections,
   /// heads, lse, the kernels' scratch); like the cache, per-sequence state of one caller at a time. Copied with
   /// the cache; clear() keeps it.

@@ -14,6 +14,7 @@
 #include <selfattn/errors.hpp>
 #include <selfattn/half_precision.hpp>
 #include <selfattn/heads.hpp>
+#include <selfattn/nn/draft_tree.hpp>
 #include <selfattn/nn/kv_cache.hpp>
 #include <selfattn/nn/module_input.hpp>
 #include <selfattn/nn/module_workspace.hpp>
@@ -188,6 +189,55 @@ class MultiHeadAttention {
   void step_into(const X& x_new, KVCache<T, S>& cache, const TensorView<detail::activation_of<T, X>, 3>& output,
                  const AttentionOptions<T>& opts = {}, const std::vector<Index>& new_tokens = {}) const {
     step_into_with(params_, x_new, cache, output, opts, new_tokens);
+  }
+
+  /// \brief Verifies a tree of k draft tokens in one step (speculative decoding): appends the keys and values of
+  /// x_draft (B, k, E), the same tree for every sequence, after each sequence's cached tokens, and returns the output
+  /// rows (B, k, E). Draft i attends to the cached tokens, its ancestors and itself, and sits at position
+  /// positions()[b] + depth[i] (RoPE): its row equals the output of one-token steps along the path to it. Then keep
+  /// the accepted drafts, `cache.keep_draft_path(b, start, tree.path_to(last_accepted))` (or `truncate(b, start)`
+  /// to reject all), before the next step: until then every draft is cached and counted in positions().
+  ///
+  /// Shapes: x_draft (B, k, E) with k = tree.size(), cache of B sequences -> (B, k, E). Throws
+  /// std::invalid_argument naming `parents` when the tree is not listed parents first (DraftTree::check), `cache`
+  /// under an evicting policy (the path could not be kept), `cfg.alibi` (ALiBi's distances are between slots, not
+  /// depths), ShapeError naming `x_draft`, and what step throws; the cache is unchanged then.
+  /// \code
+  /// DraftTree tree{{-1, 0, 0}};                       // one first draft, two candidates after it
+  /// const Index start = cache.lengths()[0];
+  /// Tensor<float, 3> y = mha.step_tree(drafts, cache, tree);   // drafts (1, 3, E)
+  /// cache.keep_draft_path(0, start, tree.path_to(2));          // the model agreed with drafts 0 and 2
+  /// \endcode
+  template <typename X, typename S>
+  Tensor<detail::activation_of<T, X>, 3> step_tree(const X& x_draft, KVCache<T, S>& cache,
+                                                   const DraftTree& tree) const {
+    return step_tree_with(params_, x_draft, cache, tree);
+  }
+
+  /// step_tree(x_draft, cache, tree) with `parameters` in place of params() (a TransformerLayer's attention).
+  template <typename X, typename S>
+  Tensor<detail::activation_of<T, X>, 3> step_tree_with(const MhaParams<T>& parameters, const X& x_draft,
+                                                        KVCache<T, S>& cache, const DraftTree& tree) const {
+    using A = detail::activation_of<T, X>;
+    if constexpr (!detail::check_inference_arguments<T, X>()) {
+      return {};
+    } else {
+      const char* fn = "MultiHeadAttention::step_tree";
+      tree.check(fn);
+      const TensorView<const A, 3> x = detail::const_view(x_draft);
+      detail::check_shape<3>(fn, "x_draft", x.shape(), {cache.batch(), tree.size(), config_.embed_dim});
+      if (config_.alibi)
+        detail::throw_invalid(fn, "cfg.alibi", "ALiBi measures distances between cache slots, not depths in a tree");
+      if (cache.policy().evicts())
+        detail::throw_invalid(fn, "cache", "a cache that evicts tokens cannot keep a draft path afterwards");
+      Tensor<A, 3> output({x.dim(0), x.dim(1), config_.embed_dim});
+      MhaWorkspace<T> ws;
+      const Tensor<bool, 4> allowed = draft_tree_mask(cache.lengths(), tree);
+      AttentionOptions<T> opts;
+      opts.allowed = allowed;
+      checked_step<S, T>(parameters, fn, x, cache, output.view(), ws, opts, {}, tree.depths());
+      return output;
+    }
   }
 
   /// \brief Inference forward into a caller-owned output with every buffer in `workspace`: after a first call of a
@@ -470,12 +520,30 @@ class MultiHeadAttention {
   template <typename S, typename P, typename A>
   void checked_step(const MhaParams<P>& parameters, const char* function, const TensorView<const A, 3>& x,
                     KVCache<T, S>& cache, const TensorView<A, 3>& output, MhaWorkspace<T>& ws,
-                    const AttentionOptions<T>& opts, const std::vector<Index>& new_tokens) const {
+                    const AttentionOptions<T>& opts, const std::vector<Index>& new_tokens,
+                    const std::vector<Index>& draft_depths = {}) const {
     detail::check_mha_step(config_, parameters, x, cache, opts, new_tokens, ws.counts, function);
     detail::run_on_activations<T>(std::array<TensorView<const A, 3>, 1>{x}, output, ws,
                                   [&](const auto& wide, const TensorView<T, 3>& out) {
-                                    step_walk(parameters, wide[0], cache, opts, out, ws);
+                                    step_walk(parameters, wide[0], cache, opts, out, ws, draft_depths);
                                   });
+  }
+
+  /// step_tree's mask (B, 1, k, Lk), Lk the longest sequence after the append: draft i of sequence b may attend to
+  /// the sequence's cached tokens, to its ancestors and to itself.
+  static Tensor<bool, 4> draft_tree_mask(const std::vector<Index>& lengths, const DraftTree& tree) {
+    const Index k = tree.size(), batch = static_cast<Index>(lengths.size());
+    Index keys = 0;
+    for (Index length : lengths) keys = std::max(keys, length + k);
+    Tensor<bool, 4> allowed({batch, 1, k, keys});
+    for (Index b = 0; b < batch; ++b) {
+      const Index prefix = lengths[static_cast<std::size_t>(b)];
+      for (Index i = 0; i < k; ++i) {
+        std::fill_n(&allowed(b, 0, i, 0), prefix, true);
+        for (Index a = 0; a <= i; ++a) allowed(b, 0, i, prefix + a) = tree.sees(i, a);
+      }
+    }
+    return allowed;
   }
 
   /// The data walk of a checked step (ws.counts holds each sequence's real new rows), into `output` with every buffer
@@ -483,7 +551,8 @@ class MultiHeadAttention {
   /// views straight into the merged heads -> output projection.
   template <typename S, typename P>
   void step_walk(const MhaParams<P>& parameters, const TensorView<const T, 3>& x, KVCache<T, S>& cache,
-                 const AttentionOptions<T>& opts, const TensorView<T, 3>& output, MhaWorkspace<T>& ws) const {
+                 const AttentionOptions<T>& opts, const TensorView<T, 3>& output, MhaWorkspace<T>& ws,
+                 const std::vector<Index>& draft_depths = {}) const {
     const std::vector<Index>& counts = ws.counts;
     const Index batch = x.dim(0), new_len = x.dim(1), e = config_.embed_dim;
 
@@ -495,9 +564,17 @@ class MultiHeadAttention {
     const TensorView<T, 4> q = split_heads(projections[0], config_.num_heads);
     const TensorView<T, 4> k = split_heads(projections[1], config_.num_kv_heads);
     const TensorView<T, 4> v = split_heads(projections[2], config_.num_kv_heads);
-    if (rope_) {
+    if (rope_ && draft_depths.empty()) {
       rope_->apply(q, cache.positions());
       rope_->apply(k, cache.positions());
+    } else if (rope_) {  // step_tree: a draft sits at its depth after the cached tokens, not at its index
+      for (Index b = 0; b < batch; ++b)
+        for (Index l = 0; l < new_len; ++l) {
+          const Index position =
+              cache.positions()[static_cast<std::size_t>(b)] + draft_depths[static_cast<std::size_t>(l)];
+          rope_->apply(detail::rows_of(q, b, l, 1), position);
+          rope_->apply(detail::rows_of(k, b, l, 1), position);
+        }
     }
 
     // Append and attend, sequence by sequence, with Causal::bottom_right over everything cached. An evicting

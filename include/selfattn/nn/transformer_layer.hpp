@@ -380,6 +380,28 @@ class TransformerLayer {
     return checked_step<S, T>(parameters, x_new, cache, opts, new_tokens);
   }
 
+  /// \brief Verifies a tree of drafts in one step (MultiHeadAttention::step_tree, docs/decoding.md): the layer's
+  /// step with the attention's tree mask and depths; every draft's row equals steps along the path to it. Keep the
+  /// accepted path with cache.keep_draft_path afterwards. Throws as step and MultiHeadAttention::step_tree (naming
+  /// TransformerLayer::step_tree or the attention's step_tree); the cache is unchanged then.
+  template <typename X, typename S>
+  Tensor<T, 3> step_tree(const X& x_draft, KVCache<T, S>& cache, const DraftTree& tree) const {
+    return step_tree_with(params_, x_draft, cache, tree);
+  }
+
+  /// step_tree(x_draft, cache, tree) with `parameters` in place of params().
+  template <typename X, typename S>
+  Tensor<T, 3> step_tree_with(const TransformerLayerParams<T>& parameters, const X& x_draft, KVCache<T, S>& cache,
+                              const DraftTree& tree) const {
+    static_assert(std::is_same_v<detail::activation_of<T, X>, T>, "TransformerLayer::step_tree: x_draft of T");
+    const TensorView<const T, 3> x = detail::const_view(x_draft);
+    check_input("TransformerLayer::step_tree", "x_draft", x);
+    check_params("TransformerLayer::step_tree", parameters);
+    return run_inference(parameters, x, [&](const TensorView<const T, 3>& in) {
+      return attention_.step_tree_with(parameters.self_attn, in, cache, tree);
+    });
+  }
+
   /// \brief step with 16-bit parameters (P = bfloat16 or float16, the layer float): inference over a KV cache with
   /// every weight and bias read in 16 bits (`params_cast<bfloat16>(layer.params())` makes them).
   ///
@@ -490,10 +512,16 @@ class TransformerLayer {
   template <typename S, typename P>
   Tensor<T, 3> run_step(const TransformerLayerParams<P>& p, const TensorView<const T, 3>& x, KVCache<T, S>& cache,
                         const AttentionOptions<T>& opts, const std::vector<Index>& new_tokens) const {
-    const Tensor<T, 3> h = detail::sublayer_inference<T, P>(
-        norm(), p.norm1_weight, p.norm1_bias, x, [&](const TensorView<const T, 3>& in) {
-          return attention_.step_with(p.self_attn, in, cache, opts, new_tokens);
-        });
+    return run_inference(p, x, [&](const TensorView<const T, 3>& in) {
+      return attention_.step_with(p.self_attn, in, cache, opts, new_tokens);
+    });
+  }
+
+  /// The inference walk around an attention call `attend` (a step, or a tree step): attention sublayer, FFN sublayer.
+  template <typename P, typename Attend>
+  Tensor<T, 3> run_inference(const TransformerLayerParams<P>& p, const TensorView<const T, 3>& x,
+                             Attend&& attend) const {
+    const Tensor<T, 3> h = detail::sublayer_inference<T, P>(norm(), p.norm1_weight, p.norm1_bias, x, attend);
     return detail::sublayer_inference<T, P>(
         norm(), p.norm2_weight, p.norm2_bias, h.view(),
         [&](const TensorView<const T, 3>& in) { return detail::layer_ffn_inference<T, P>(config_.activation, p, in); });

@@ -97,6 +97,12 @@ struct TransformerStackCache {
   void clear() {
     for (KVCache<T, S>& c : layers) c.clear();
   }
+  /// After TransformerStack::step_tree, keeps only the accepted drafts of sequence b in every layer (see
+  /// KVCache::keep_draft_path and its errors). The layers hold the same lengths and policy (steps keep them so),
+  /// so an argument that fails, fails on layer 0, before any layer changes.
+  void keep_draft_path(Index b, Index draft_start, const std::vector<Index>& path) {
+    for (KVCache<T, S>& c : layers) c.keep_draft_path(b, draft_start, path);
+  }
 };
 
 namespace detail {
@@ -310,6 +316,42 @@ class TransformerStack {
       }
       return y;
     }
+  }
+
+  /// \brief Verifies a tree of drafts in one step through every layer (MultiHeadAttention::step_tree,
+  /// docs/decoding.md): x_draft (B, k, E) with k = tree.size() -> (B, k, E), every draft's row equal to steps along
+  /// the path to it. Keep the accepted path with cache.keep_draft_path afterwards. Throws as step and step_tree
+  /// (the tree, an evicting cache and ALiBi checked before any layer steps); the caches are unchanged then.
+  /// \code
+  /// const Index start = cache.length();
+  /// Tensor<float, 3> y = model.step_tree(drafts, cache, tree);   // one pass over the cache for every draft
+  /// cache.keep_draft_path(0, start, tree.path_to(accepted));
+  /// \endcode
+  template <typename X, typename S>
+  Tensor<T, 3> step_tree(const X& x_draft, TransformerStackCache<T, S>& cache, const DraftTree& tree) const {
+    static_assert(std::is_same_v<detail::activation_of<T, X>, T>, "TransformerStack::step_tree: x_draft of T");
+    const char* fn = "TransformerStack::step_tree";
+    const TensorView<const T, 3> x = detail::const_view(x_draft);
+    check_params(fn, params_);
+    detail::check_stack_cache(fn, config_.num_layers, embed_dim(), x, cache);
+    tree.check(fn);
+    detail::check_shape<3>(fn, "x_draft", x.shape(), {x.dim(0), tree.size(), embed_dim()});
+    if (cache.layers.front().policy().evicts())
+      detail::throw_invalid(fn, "cache", "a cache that evicts tokens cannot keep a draft path afterwards");
+    if (config_.layer.attention.alibi)
+      detail::throw_invalid(fn, "cfg.layer.attention.alibi",
+                            "ALiBi measures distances between cache slots, not depths in a tree");
+    Tensor<T, 3> y;
+    detail::step_every_layer(cache, [&](std::size_t i) {
+      y = i == 0 ? layer_.step_tree_with(params_.layers[0], x, cache.layers[0], tree)
+                 : layer_.step_tree_with(params_.layers[i], y, cache.layers[i], tree);
+    });
+    if (config_.final_norm) {
+      detail::NormStatistics<T> stats;
+      y = detail::norm_inference<T, T>(config_.layer.norm, static_cast<T>(config_.layer.norm_eps), y.view(),
+                                       params_.norm_weight, params_.norm_bias, stats);
+    }
+    return y;
   }
 
  private:
