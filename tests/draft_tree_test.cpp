@@ -85,6 +85,8 @@ TEST(DraftTree, DepthsPathsAndAncestors) {
   EXPECT_FALSE(tree.sees(5, 0));  // another root's
   EXPECT_EQ(DraftTree::chain(3).parents, (std::vector<Index>{-1, 0, 1}));
   EXPECT_TRUE(DraftTree::chain(0).parents.empty());
+  expect_error<std::invalid_argument>([] { DraftTree::chain(-1); }, {"DraftTree::chain", "k"});
+  expect_error<std::invalid_argument>([&] { tree.path_to(6); }, {"node", "[0, 6)"});
 }
 
 // The tree step's row of draft i equals the last output of one-token steps along path_to(i), for every draft of
@@ -95,22 +97,23 @@ TYPED_TEST(DraftTreeTest, EachDraftEqualsStepsAlongItsPath) {
   for (const ModuleCase& c : module_cases) {
     SCOPED_TRACE(c.name);
     const MultiHeadAttention<T> mha = make_module<T>(c, random);
-    const KVCache<T> prefilled = prefilled_cache(mha, c.E, random);
-    for (const DraftTree& tree : trees_to_check(random)) {
-      const auto drafts = random.normal_tensor<T, 3>({2, tree.size(), c.E});
-      KVCache<T> tree_cache = prefilled;
-      const Tensor<T, 3> y = mha.step_tree(drafts, tree_cache, tree);
-      for (Index b = 0; b < 2; ++b)
-        EXPECT_EQ(tree_cache.lengths()[static_cast<std::size_t>(b)],
-                  prefilled.lengths()[static_cast<std::size_t>(b)] + tree.size());
-      for (Index node = 0; node < tree.size(); ++node) {
-        KVCache<T> path_cache = prefilled;
-        Tensor<T, 3> last;
-        for (Index draft : tree.path_to(node)) last = mha.step(row(drafts, draft), path_cache);
-        EXPECT_TRUE(all_close(row(y, node), last, default_tolerance<T>()))
-            << "draft " << node << " of a tree of " << tree.size();
+    // with 5 and 3 cached tokens, and with none (the drafts attend only to each other)
+    for (const KVCache<T>& prefilled : {prefilled_cache(mha, c.E, random), mha.make_cache(2)})
+      for (const DraftTree& tree : trees_to_check(random)) {
+        const auto drafts = random.normal_tensor<T, 3>({2, tree.size(), c.E});
+        KVCache<T> tree_cache = prefilled;
+        const Tensor<T, 3> y = mha.step_tree(drafts, tree_cache, tree);
+        for (Index b = 0; b < 2; ++b)
+          EXPECT_EQ(tree_cache.lengths()[static_cast<std::size_t>(b)],
+                    prefilled.lengths()[static_cast<std::size_t>(b)] + tree.size());
+        for (Index node = 0; node < tree.size(); ++node) {
+          KVCache<T> path_cache = prefilled;
+          Tensor<T, 3> last;
+          for (Index draft : tree.path_to(node)) last = mha.step(row(drafts, draft), path_cache);
+          EXPECT_TRUE(all_close(row(y, node), last, default_tolerance<T>()))
+              << "draft " << node << " of a tree of " << tree.size();
+        }
       }
-    }
   }
 }
 
@@ -168,6 +171,9 @@ TYPED_TEST(DraftTreeTest, StackEachDraftEqualsStepsAlongItsPath) {
   model.step(random.normal_tensor<T, 3>({2, 4, 16}), prefilled, {}, {4, 2});
   const DraftTree tree{{-1, 0, 1, 0, -1, 4}};
   const auto drafts = random.normal_tensor<T, 3>({2, tree.size(), 16});
+  auto empty_tree_cache = prefilled;  // no drafts: nothing appended, nothing returned
+  EXPECT_EQ(model.step_tree(Tensor<T, 3>({2, 0, 16}), empty_tree_cache, DraftTree{}).size(), 0);
+  EXPECT_EQ(empty_tree_cache.layers[0].lengths(), prefilled.layers[0].lengths());
   auto tree_cache = prefilled;
   const Tensor<T, 3> y = model.step_tree(drafts, tree_cache, tree);
   for (Index node = 0; node < tree.size(); ++node) {

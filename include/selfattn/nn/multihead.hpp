@@ -14,6 +14,7 @@
 #include <selfattn/errors.hpp>
 #include <selfattn/half_precision.hpp>
 #include <selfattn/heads.hpp>
+#include <selfattn/merge.hpp>
 #include <selfattn/nn/draft_tree.hpp>
 #include <selfattn/nn/kv_cache.hpp>
 #include <selfattn/nn/module_input.hpp>
@@ -218,26 +219,20 @@ class MultiHeadAttention {
   template <typename X, typename S>
   Tensor<detail::activation_of<T, X>, 3> step_tree_with(const MhaParams<T>& parameters, const X& x_draft,
                                                         KVCache<T, S>& cache, const DraftTree& tree) const {
-    using A = detail::activation_of<T, X>;
-    if constexpr (!detail::check_inference_arguments<T, X>()) {
-      return {};
-    } else {
-      const char* fn = "MultiHeadAttention::step_tree";
-      tree.check(fn);
-      const TensorView<const A, 3> x = detail::const_view(x_draft);
-      detail::check_shape<3>(fn, "x_draft", x.shape(), {cache.batch(), tree.size(), config_.embed_dim});
-      if (config_.alibi)
-        detail::throw_invalid(fn, "cfg.alibi", "ALiBi measures distances between cache slots, not depths in a tree");
-      if (cache.policy().evicts())
-        detail::throw_invalid(fn, "cache", "a cache that evicts tokens cannot keep a draft path afterwards");
-      Tensor<A, 3> output({x.dim(0), x.dim(1), config_.embed_dim});
-      MhaWorkspace<T> ws;
-      const Tensor<bool, 4> allowed = draft_tree_mask(cache.lengths(), tree);
-      AttentionOptions<T> opts;
-      opts.allowed = allowed;
-      checked_step<S, T>(parameters, fn, x, cache, output.view(), ws, opts, {}, tree.depths());
-      return output;
-    }
+    static_assert(std::is_same_v<detail::activation_of<T, X>, T>, "MultiHeadAttention::step_tree: x_draft of T");
+    const char* fn = "MultiHeadAttention::step_tree";
+    tree.check(fn);
+    const TensorView<const T, 3> x = detail::const_view(x_draft);
+    detail::check_shape<3>(fn, "x_draft", x.shape(), {cache.batch(), tree.size(), config_.embed_dim});
+    if (config_.alibi)
+      detail::throw_invalid(fn, "cfg.alibi", "ALiBi measures distances between cache slots, not depths in a tree");
+    if (cache.policy().evicts())
+      detail::throw_invalid(fn, "cache", "a cache that evicts tokens cannot keep a draft path afterwards");
+    MhaWorkspace<T> ws;
+    detail::check_mha_step(config_, parameters, x, cache, AttentionOptions<T>(), {}, ws.counts, fn);
+    Tensor<T, 3> output({x.dim(0), x.dim(1), config_.embed_dim});
+    if (tree.size() > 0) tree_walk(parameters, x, cache, tree, output.view(), ws);
+    return output;
   }
 
   /// \brief Inference forward into a caller-owned output with every buffer in `workspace`: after a first call of a
@@ -520,30 +515,12 @@ class MultiHeadAttention {
   template <typename S, typename P, typename A>
   void checked_step(const MhaParams<P>& parameters, const char* function, const TensorView<const A, 3>& x,
                     KVCache<T, S>& cache, const TensorView<A, 3>& output, MhaWorkspace<T>& ws,
-                    const AttentionOptions<T>& opts, const std::vector<Index>& new_tokens,
-                    const std::vector<Index>& draft_depths = {}) const {
+                    const AttentionOptions<T>& opts, const std::vector<Index>& new_tokens) const {
     detail::check_mha_step(config_, parameters, x, cache, opts, new_tokens, ws.counts, function);
     detail::run_on_activations<T>(std::array<TensorView<const A, 3>, 1>{x}, output, ws,
                                   [&](const auto& wide, const TensorView<T, 3>& out) {
-                                    step_walk(parameters, wide[0], cache, opts, out, ws, draft_depths);
+                                    step_walk(parameters, wide[0], cache, opts, out, ws);
                                   });
-  }
-
-  /// step_tree's mask (B, 1, k, Lk), Lk the longest sequence after the append: draft i of sequence b may attend to
-  /// the sequence's cached tokens, to its ancestors and to itself.
-  static Tensor<bool, 4> draft_tree_mask(const std::vector<Index>& lengths, const DraftTree& tree) {
-    const Index k = tree.size(), batch = static_cast<Index>(lengths.size());
-    Index keys = 0;
-    for (Index length : lengths) keys = std::max(keys, length + k);
-    Tensor<bool, 4> allowed({batch, 1, k, keys});
-    for (Index b = 0; b < batch; ++b) {
-      const Index prefix = lengths[static_cast<std::size_t>(b)];
-      for (Index i = 0; i < k; ++i) {
-        std::fill_n(&allowed(b, 0, i, 0), prefix, true);
-        for (Index a = 0; a <= i; ++a) allowed(b, 0, i, prefix + a) = tree.sees(i, a);
-      }
-    }
-    return allowed;
   }
 
   /// The data walk of a checked step (ws.counts holds each sequence's real new rows), into `output` with every buffer
@@ -551,8 +528,7 @@ class MultiHeadAttention {
   /// views straight into the merged heads -> output projection.
   template <typename S, typename P>
   void step_walk(const MhaParams<P>& parameters, const TensorView<const T, 3>& x, KVCache<T, S>& cache,
-                 const AttentionOptions<T>& opts, const TensorView<T, 3>& output, MhaWorkspace<T>& ws,
-                 const std::vector<Index>& draft_depths = {}) const {
+                 const AttentionOptions<T>& opts, const TensorView<T, 3>& output, MhaWorkspace<T>& ws) const {
     const std::vector<Index>& counts = ws.counts;
     const Index batch = x.dim(0), new_len = x.dim(1), e = config_.embed_dim;
 
@@ -564,17 +540,9 @@ class MultiHeadAttention {
     const TensorView<T, 4> q = split_heads(projections[0], config_.num_heads);
     const TensorView<T, 4> k = split_heads(projections[1], config_.num_kv_heads);
     const TensorView<T, 4> v = split_heads(projections[2], config_.num_kv_heads);
-    if (rope_ && draft_depths.empty()) {
+    if (rope_) {
       rope_->apply(q, cache.positions());
       rope_->apply(k, cache.positions());
-    } else if (rope_) {  // step_tree: a draft sits at its depth after the cached tokens, not at its index
-      for (Index b = 0; b < batch; ++b)
-        for (Index l = 0; l < new_len; ++l) {
-          const Index position =
-              cache.positions()[static_cast<std::size_t>(b)] + draft_depths[static_cast<std::size_t>(l)];
-          rope_->apply(detail::rows_of(q, b, l, 1), position);
-          rope_->apply(detail::rows_of(k, b, l, 1), position);
-        }
     }
 
     // Append and attend, sequence by sequence, with Causal::bottom_right over everything cached. An evicting
@@ -620,6 +588,82 @@ class MultiHeadAttention {
     }
     detail::linear_into_stored<T, P>(merged, parameters.out_weight.view(), parameters.out_bias.view(), output,
                                      ws.output_weights);
+  }
+
+  /// The data walk of a checked step_tree: project -> rotate each draft at its depth after the cached tokens ->
+  /// append every draft -> per sequence, attend the drafts over the cached tokens (no mask: the decode kernel's fast
+  /// paths, one pass over the cache) and over the drafts (the tree's mask: each sees its ancestors and itself),
+  /// merged by their log-sum-exps (merge_attention_partials' rule) -> output projection.
+  template <typename S>
+  void tree_walk(const MhaParams<T>& parameters, const TensorView<const T, 3>& x, KVCache<T, S>& cache,
+                 const DraftTree& tree, const TensorView<T, 3>& output, MhaWorkspace<T>& ws) const {
+    const Index batch = x.dim(0), drafts = x.dim(1), heads = config_.num_heads;
+    const TensorView<T, 3> qkv = MhaWorkspace<T>::take(
+        ws.projection, std::array<Index, 3>{batch, drafts, detail::qkv_projection_width(config_)});
+    const std::array<TensorView<T, 3>, 3> projections =
+        detail::project_self_into(config_, parameters, x, qkv, ws.stacked);
+    const TensorView<T, 4> q = split_heads(projections[0], heads);
+    const TensorView<T, 4> k = split_heads(projections[1], config_.num_kv_heads);
+    const TensorView<T, 4> v = split_heads(projections[2], config_.num_kv_heads);
+    const std::vector<Index> depths = tree.depths();
+    if (rope_)  // a draft sits at its depth after the cached tokens, not at its index among the drafts
+      for (Index b = 0; b < batch; ++b)
+        for (Index l = 0; l < drafts; ++l) {
+          const Index position = cache.positions()[static_cast<std::size_t>(b)] + depths[static_cast<std::size_t>(l)];
+          rope_->apply(detail::rows_of(q, b, l, 1), position);
+          rope_->apply(detail::rows_of(k, b, l, 1), position);
+        }
+
+    Tensor<bool, 4> tree_mask({1, 1, drafts, drafts});
+    for (Index i = 0; i < drafts; ++i)
+      for (Index a = 0; a < drafts; ++a) tree_mask(0, 0, i, a) = tree.sees(i, a);
+    AttentionOptions<T> over_prefix, over_drafts;
+    over_drafts.allowed = tree_mask;
+    Tensor<T, 4> prefix_out({1, heads, drafts, head_dim_}), drafts_out({1, heads, drafts, head_dim_});
+    Tensor<T, 3> prefix_lse({1, heads, drafts}), drafts_lse({1, heads, drafts});
+    const TensorView<T, 3> merged =
+        MhaWorkspace<T>::take(ws.merged, std::array<Index, 3>{batch, drafts, config_.embed_dim});
+    const TensorView<T, 4> attention = split_heads(merged, heads);
+    const std::vector<Index> lengths_before = cache.lengths();
+    try {
+      for (Index b = 0; b < batch; ++b) {
+        const Index prefix = lengths_before[static_cast<std::size_t>(b)];
+        cache.append(b, detail::rows_of(k, b, 0, drafts)[0], detail::rows_of(v, b, 0, drafts)[0],
+                     rope_ ? &*rope_ : nullptr);
+        const TensorView<const T, 4> q_rows = detail::rows_of(q, b, 0, drafts);
+        const auto keys_from = [&](const TensorView<const S, 4>& plane, Index first, Index count) {
+          return TensorView<const S, 4>(plane.data() + first * plane.stride(2), {1, plane.dim(1), count, plane.dim(3)},
+                                        plane.strides());
+        };
+        const auto attend = [&](Index first, Index count, const AttentionOptions<T>& opts, Tensor<T, 4>& out,
+                                Tensor<T, 3>& lse) {
+          detail::run_forward_stored(
+              detail::make_stored_params<T, S>(q_rows, keys_from(cache.sequence_keys(b), first, count),
+                                               keys_from(cache.sequence_values(b), first, count), opts),
+              opts, detail::ForwardOutputs<T>{out.view(), lse.view(), TensorView<T, 4>()}, ws.attention);
+        };
+        attend(prefix, drafts, over_drafts, drafts_out, drafts_lse);
+        if (prefix > 0) {
+          attend(0, prefix, over_prefix, prefix_out, prefix_lse);
+          const AttentionPartial<T> both =
+              detail::merge_attention_partials_views<T>(prefix_out, prefix_lse, drafts_out, drafts_lse);
+          write_heads(both.out, attention, b);
+        } else {
+          write_heads(drafts_out, attention, b);
+        }
+      }
+    } catch (...) {  // out of memory mid-step: the cache goes back to where it was
+      for (Index b = 0; b < batch; ++b) cache.truncate(b, lengths_before[static_cast<std::size_t>(b)]);
+      throw;
+    }
+    detail::linear_into_stored<T, T>(merged, parameters.out_weight.view(), parameters.out_bias.view(), output,
+                                     ws.output_weights);
+  }
+
+  /// Copies heads (1, H, L, Dh) into sequence b of the merged layout's head view (B, H, L, Dh).
+  static void write_heads(const Tensor<T, 4>& heads, const TensorView<T, 4>& merged_heads, Index b) {
+    for (Index h = 0; h < heads.dim(1); ++h)
+      for (Index l = 0; l < heads.dim(2); ++l) std::copy_n(&heads(0, h, l, 0), heads.dim(3), &merged_heads(b, h, l, 0));
   }
 
   /// attend_memory: project the query -> attend over the memory's heads straight into the merged layout -> project
