@@ -14,8 +14,7 @@
 #include <selfattn/errors.hpp>
 #include <selfattn/half_precision.hpp>
 #include <selfattn/heads.hpp>
-#include <selfattn/merge.hpp>
-#include <selfattn/nn/draft_tree.hpp>
+#include <selfattn/nn/draft_tree_step.hpp>
 #include <selfattn/nn/kv_cache.hpp>
 #include <selfattn/nn/module_input.hpp>
 #include <selfattn/nn/module_workspace.hpp>
@@ -192,47 +191,23 @@ class MultiHeadAttention {
     step_into_with(params_, x_new, cache, output, opts, new_tokens);
   }
 
-  /// \brief Verifies a tree of k draft tokens in one step (speculative decoding): appends the keys and values of
-  /// x_draft (B, k, E), the same tree for every sequence, after each sequence's cached tokens, and returns the output
-  /// rows (B, k, E). Draft i attends to the cached tokens, its ancestors and itself, and sits at position
-  /// positions()[b] + depth[i] (RoPE): its row equals the output of one-token steps along the path to it. Then keep
-  /// the accepted drafts, `cache.keep_draft_path(b, start, tree.path_to(last_accepted))` (or `truncate(b, start)`
-  /// to reject all), before the next step: until then every draft is cached and counted in positions().
-  ///
-  /// Shapes: x_draft (B, k, E) with k = tree.size(), cache of B sequences -> (B, k, E). Throws
-  /// std::invalid_argument naming `parents` when the tree is not listed parents first (DraftTree::check), `cache`
-  /// under an evicting policy (the path could not be kept), `cfg.alibi` (ALiBi's distances are between slots, not
-  /// depths), ShapeError naming `x_draft`, and what step throws; the cache is unchanged then.
-  /// \code
-  /// DraftTree tree{{-1, 0, 0}};                       // one first draft, two candidates after it
-  /// const Index start = cache.lengths()[0];
-  /// Tensor<float, 3> y = mha.step_tree(drafts, cache, tree);   // drafts (1, 3, E)
-  /// cache.keep_draft_path(0, start, tree.path_to(2));          // the model agreed with drafts 0 and 2
-  /// \endcode
+  /// \brief Verifies a tree of k drafts in one step (speculative decoding, docs/decoding.md): x_draft (B, k, E),
+  /// k = tree.size(), appended after each sequence's cached tokens -> (B, k, E). Draft i attends to the cached
+  /// tokens, its ancestors and itself, at position positions()[b] + its depth (RoPE): its row equals one-token steps
+  /// along the path to it. Keep the accepted drafts with `cache.keep_draft_path(b, start, tree.path_to(last))`
+  /// before the next step. Throws std::invalid_argument naming `parents` (not a tree listed parents first),
+  /// `cache` (an evicting policy) or `cfg.alibi`, ShapeError naming `x_draft`, and what step throws; the cache is
+  /// unchanged then.
   template <typename X, typename S>
-  Tensor<detail::activation_of<T, X>, 3> step_tree(const X& x_draft, KVCache<T, S>& cache,
-                                                   const DraftTree& tree) const {
+  Tensor<T, 3> step_tree(const X& x_draft, KVCache<T, S>& cache, const DraftTree& tree) const {
     return step_tree_with(params_, x_draft, cache, tree);
   }
-
-  /// step_tree(x_draft, cache, tree) with `parameters` in place of params() (a TransformerLayer's attention).
+  /// step_tree with `parameters` in place of params() (a TransformerLayer's attention).
   template <typename X, typename S>
-  Tensor<detail::activation_of<T, X>, 3> step_tree_with(const MhaParams<T>& parameters, const X& x_draft,
-                                                        KVCache<T, S>& cache, const DraftTree& tree) const {
-    static_assert(std::is_same_v<detail::activation_of<T, X>, T>, "MultiHeadAttention::step_tree: x_draft of T");
-    const char* fn = "MultiHeadAttention::step_tree";
-    tree.check(fn);
-    const TensorView<const T, 3> x = detail::const_view(x_draft);
-    detail::check_shape<3>(fn, "x_draft", x.shape(), {cache.batch(), tree.size(), config_.embed_dim});
-    if (config_.alibi)
-      detail::throw_invalid(fn, "cfg.alibi", "ALiBi measures distances between cache slots, not depths in a tree");
-    if (cache.policy().evicts())
-      detail::throw_invalid(fn, "cache", "a cache that evicts tokens cannot keep a draft path afterwards");
-    MhaWorkspace<T> ws;
-    detail::check_mha_step(config_, parameters, x, cache, AttentionOptions<T>(), {}, ws.counts, fn);
-    Tensor<T, 3> output({x.dim(0), x.dim(1), config_.embed_dim});
-    if (tree.size() > 0) tree_walk(parameters, x, cache, tree, output.view(), ws);
-    return output;
+  Tensor<T, 3> step_tree_with(const MhaParams<T>& parameters, const X& x_draft, KVCache<T, S>& cache,
+                              const DraftTree& tree) const {
+    return detail::draft_tree_step<T, S>(config_, rope_ ? &*rope_ : nullptr, parameters, detail::const_view(x_draft),
+                                         cache, tree);
   }
 
   /// \brief Inference forward into a caller-owned output with every buffer in `workspace`: after a first call of a
@@ -588,82 +563,6 @@ class MultiHeadAttention {
     }
     detail::linear_into_stored<T, P>(merged, parameters.out_weight.view(), parameters.out_bias.view(), output,
                                      ws.output_weights);
-  }
-
-  /// The data walk of a checked step_tree: project -> rotate each draft at its depth after the cached tokens ->
-  /// append every draft -> per sequence, attend the drafts over the cached tokens (no mask: the decode kernel's fast
-  /// paths, one pass over the cache) and over the drafts (the tree's mask: each sees its ancestors and itself),
-  /// merged by their log-sum-exps (merge_attention_partials' rule) -> output projection.
-  template <typename S>
-  void tree_walk(const MhaParams<T>& parameters, const TensorView<const T, 3>& x, KVCache<T, S>& cache,
-                 const DraftTree& tree, const TensorView<T, 3>& output, MhaWorkspace<T>& ws) const {
-    const Index batch = x.dim(0), drafts = x.dim(1), heads = config_.num_heads;
-    const TensorView<T, 3> qkv = MhaWorkspace<T>::take(
-        ws.projection, std::array<Index, 3>{batch, drafts, detail::qkv_projection_width(config_)});
-    const std::array<TensorView<T, 3>, 3> projections =
-        detail::project_self_into(config_, parameters, x, qkv, ws.stacked);
-    const TensorView<T, 4> q = split_heads(projections[0], heads);
-    const TensorView<T, 4> k = split_heads(projections[1], config_.num_kv_heads);
-    const TensorView<T, 4> v = split_heads(projections[2], config_.num_kv_heads);
-    const std::vector<Index> depths = tree.depths();
-    if (rope_)  // a draft sits at its depth after the cached tokens, not at its index among the drafts
-      for (Index b = 0; b < batch; ++b)
-        for (Index l = 0; l < drafts; ++l) {
-          const Index position = cache.positions()[static_cast<std::size_t>(b)] + depths[static_cast<std::size_t>(l)];
-          rope_->apply(detail::rows_of(q, b, l, 1), position);
-          rope_->apply(detail::rows_of(k, b, l, 1), position);
-        }
-
-    Tensor<bool, 4> tree_mask({1, 1, drafts, drafts});
-    for (Index i = 0; i < drafts; ++i)
-      for (Index a = 0; a < drafts; ++a) tree_mask(0, 0, i, a) = tree.sees(i, a);
-    AttentionOptions<T> over_prefix, over_drafts;
-    over_drafts.allowed = tree_mask;
-    Tensor<T, 4> prefix_out({1, heads, drafts, head_dim_}), drafts_out({1, heads, drafts, head_dim_});
-    Tensor<T, 3> prefix_lse({1, heads, drafts}), drafts_lse({1, heads, drafts});
-    const TensorView<T, 3> merged =
-        MhaWorkspace<T>::take(ws.merged, std::array<Index, 3>{batch, drafts, config_.embed_dim});
-    const TensorView<T, 4> attention = split_heads(merged, heads);
-    const std::vector<Index> lengths_before = cache.lengths();
-    try {
-      for (Index b = 0; b < batch; ++b) {
-        const Index prefix = lengths_before[static_cast<std::size_t>(b)];
-        cache.append(b, detail::rows_of(k, b, 0, drafts)[0], detail::rows_of(v, b, 0, drafts)[0],
-                     rope_ ? &*rope_ : nullptr);
-        const TensorView<const T, 4> q_rows = detail::rows_of(q, b, 0, drafts);
-        const auto keys_from = [&](const TensorView<const S, 4>& plane, Index first, Index count) {
-          return TensorView<const S, 4>(plane.data() + first * plane.stride(2), {1, plane.dim(1), count, plane.dim(3)},
-                                        plane.strides());
-        };
-        const auto attend = [&](Index first, Index count, const AttentionOptions<T>& opts, Tensor<T, 4>& out,
-                                Tensor<T, 3>& lse) {
-          detail::run_forward_stored(
-              detail::make_stored_params<T, S>(q_rows, keys_from(cache.sequence_keys(b), first, count),
-                                               keys_from(cache.sequence_values(b), first, count), opts),
-              opts, detail::ForwardOutputs<T>{out.view(), lse.view(), TensorView<T, 4>()}, ws.attention);
-        };
-        attend(prefix, drafts, over_drafts, drafts_out, drafts_lse);
-        if (prefix > 0) {
-          attend(0, prefix, over_prefix, prefix_out, prefix_lse);
-          const AttentionPartial<T> both =
-              detail::merge_attention_partials_views<T>(prefix_out, prefix_lse, drafts_out, drafts_lse);
-          write_heads(both.out, attention, b);
-        } else {
-          write_heads(drafts_out, attention, b);
-        }
-      }
-    } catch (...) {  // out of memory mid-step: the cache goes back to where it was
-      for (Index b = 0; b < batch; ++b) cache.truncate(b, lengths_before[static_cast<std::size_t>(b)]);
-      throw;
-    }
-    detail::linear_into_stored<T, T>(merged, parameters.out_weight.view(), parameters.out_bias.view(), output,
-                                     ws.output_weights);
-  }
-
-  /// Copies heads (1, H, L, Dh) into sequence b of the merged layout's head view (B, H, L, Dh).
-  static void write_heads(const Tensor<T, 4>& heads, const TensorView<T, 4>& merged_heads, Index b) {
-    for (Index h = 0; h < heads.dim(1); ++h)
-      for (Index l = 0; l < heads.dim(2); ++l) std::copy_n(&heads(0, h, l, 0), heads.dim(3), &merged_heads(b, h, l, 0));
   }
 
   /// attend_memory: project the query -> attend over the memory's heads straight into the merged layout -> project
