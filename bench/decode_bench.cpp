@@ -5,6 +5,7 @@
 //   BM_decode_kernel/N/H/Hkv  one query row per head over N cached keys and values (D = 128, float):
 //                             the attention of one decode step, reported as GB/s of K/V read
 //   BM_decode_general/N/H/Hkv the same with the general path forced (two GEMMs per chunk), for comparison
+//   BM_decode_softcap/N/H/Hkv BM_decode_kernel with opts.softcap = 50: the general path and a tanh per score
 //   BM_decode_kernel_bf16, _f16  BM_decode_kernel with K and V stored as bfloat16 / float16 (half the bytes; the
 //                             GB/s count the 16-bit bytes actually read)
 //   BM_decode_step/N          MultiHeadAttention::step of one token over a cache of N tokens (E = 1024)
@@ -92,13 +93,14 @@ void BM_triad(benchmark::State& state) {
 // One decode step through detail::decode_forward on the given path (the rule's choice when `forced` is empty), with
 // keys and values stored as S (float, or 16 bits read in place).
 template <typename S = float>
-void decode_kernel(benchmark::State& state, std::optional<selfattn::detail::DecodePath> forced) {
+void decode_kernel(benchmark::State& state, std::optional<selfattn::detail::DecodePath> forced, float softcap = 0.0f) {
   use_threads(state, 3);
   const Index keys = state.range(0), heads = state.range(1), kv_heads = state.range(2);
   const auto q = filled<4>({1, heads, 1, head_dim});
   const auto k = selfattn::tensor_cast<S>(filled<4>({1, kv_heads, keys, head_dim}));
   const auto v = selfattn::tensor_cast<S>(filled<4>({1, kv_heads, keys, head_dim}));
-  const selfattn::AttentionOptions<float> opts;
+  selfattn::AttentionOptions<float> opts;
+  opts.softcap = softcap;
   const auto params = selfattn::detail::make_stored_params<float, S>(q, k, v, opts);
   const selfattn::detail::DecodePath path = forced ? *forced : selfattn::detail::decode_path(params);
   Tensor<float, 4> out({1, heads, 1, head_dim});
@@ -123,6 +125,8 @@ void decode_kernel(benchmark::State& state, std::optional<selfattn::detail::Deco
 void BM_decode_kernel(benchmark::State& state) { decode_kernel(state, std::nullopt); }
 // The general path forced (Eigen products per chunk): what BM_decode_kernel improves on.
 void BM_decode_general(benchmark::State& state) { decode_kernel(state, selfattn::detail::DecodePath::general); }
+// With opts.softcap = 50 (Gemma 2's): the rule then picks the general path, which caps each chunk's scores.
+void BM_decode_softcap(benchmark::State& state) { decode_kernel(state, std::nullopt, 50.0f); }
 // The path decode_path picks, over keys and values stored in 16 bits.
 void BM_decode_kernel_bf16(benchmark::State& state) { decode_kernel<selfattn::bfloat16>(state, std::nullopt); }
 void BM_decode_kernel_f16(benchmark::State& state) { decode_kernel<selfattn::float16>(state, std::nullopt); }
@@ -304,6 +308,7 @@ void step_shapes(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_triad)->Apply(decode_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_decode_kernel)->Apply(decode_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_decode_general)->Apply(decode_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_decode_softcap)->Apply(decode_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_decode_kernel_bf16)->Apply(decode_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_decode_kernel_f16)->Apply(decode_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_decode_step)->Apply(step_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);

@@ -14,6 +14,8 @@
 //                                                  and output kept across calls: no allocation in the timed loop
 //   BM_eigen_forward_gemms/N/D:d/threads:t         per head S = Q K^T, O = S V with Eigen, nothing else
 //   BM_fused_backward, BM_reference_backward       sdpa_backward (given the forward's out and lse)
+//   BM_fused_forward_softcap, _backward_softcap    the fused kernels with opts.softcap = 50 (Gemma 2's): the cost of
+//                                                  the tanh per score (N <= 4096)
 //   BM_eigen_backward_gemms/N/D:d/threads:t        per head the five GEMMs of the backward: S = Q K^T, dP = dO V^T,
 //                                                  dV = P^T dO, dQ = dS K, dK = dS^T Q
 //   BM_fma_peak                                    independent FMAs in registers: the core's peak FLOP/s
@@ -106,8 +108,11 @@ struct Inputs {
   }
 };
 
+// The cap of the _softcap benchmarks: Gemma 2's 50 for its attention logits.
+constexpr float kSoftcap = 50.0f;
+
 // Arguments: N (bare), D, causal, threads.
-void attention_forward(benchmark::State& state, Kernel kernel) {
+void attention_forward(benchmark::State& state, Kernel kernel, float softcap = 0.0f) {
   const Index n = state.range(0), d = state.range(1);
   const bool causal = state.range(2) != 0;
   set_threads(static_cast<int>(state.range(3)));
@@ -115,6 +120,7 @@ void attention_forward(benchmark::State& state, Kernel kernel) {
   AttentionOptions<float> opts;
   opts.causal = causal ? Causal::top_left : Causal::none;
   opts.kernel = kernel;
+  opts.softcap = softcap;
   timed(state, forward_flops(n, d), causal_fraction(n, causal), [&] {
     AttentionForward<float> fwd = sdpa_forward(x.q, x.k, x.v, opts);
     float* out = fwd.out.data();
@@ -123,7 +129,7 @@ void attention_forward(benchmark::State& state, Kernel kernel) {
   });
 }
 
-void attention_backward(benchmark::State& state, Kernel kernel) {
+void attention_backward(benchmark::State& state, Kernel kernel, float softcap = 0.0f) {
   const Index n = state.range(0), d = state.range(1);
   const bool causal = state.range(2) != 0;
   set_threads(static_cast<int>(state.range(3)));
@@ -131,6 +137,7 @@ void attention_backward(benchmark::State& state, Kernel kernel) {
   AttentionOptions<float> opts;
   opts.causal = causal ? Causal::top_left : Causal::none;
   opts.kernel = kernel;
+  opts.softcap = softcap;
   const AttentionForward<float> fwd = sdpa_forward(x.q, x.k, x.v, opts);
   timed(state, 2.5 * forward_flops(n, d), causal_fraction(n, causal), [&] {
     AttentionGradients<float> g = sdpa_backward(x.q, x.k, x.v, fwd.out, fwd.lse, x.dout, opts);
@@ -178,6 +185,8 @@ void BM_fused_forward_into(benchmark::State& state) { attention_forward_stored<f
 void BM_fused_forward_into_bf16(benchmark::State& state) { attention_forward_stored<bfloat16>(state, true); }
 void BM_reference_forward(benchmark::State& state) { attention_forward(state, Kernel::reference); }
 void BM_fused_backward(benchmark::State& state) { attention_backward(state, Kernel::automatic); }
+void BM_fused_forward_softcap(benchmark::State& state) { attention_forward(state, Kernel::automatic, kSoftcap); }
+void BM_fused_backward_softcap(benchmark::State& state) { attention_backward(state, Kernel::automatic, kSoftcap); }
 void BM_reference_backward(benchmark::State& state) { attention_backward(state, Kernel::reference); }
 
 // The forward's two GEMMs per head with Eigen, into preallocated buffers: no scale, mask or softmax.
@@ -317,12 +326,14 @@ BENCHMARK(BM_bf16_dot_peak)->MeasureProcessCPUTime();
 #endif
 BENCHMARK(BM_fused_forward)->Apply([](auto* b) { attention_args(b, 16384); });
 BENCHMARK(BM_reference_forward)->Apply([](auto* b) { attention_args(b, 4096); });  // holds N^2 scores per head
+BENCHMARK(BM_fused_forward_softcap)->Apply([](auto* b) { attention_args(b, 4096); });
 BENCHMARK(BM_fused_forward_bf16)->Apply([](auto* b) { attention_args(b, 4096); });
 BENCHMARK(BM_fused_forward_into)->Apply([](auto* b) { attention_args(b, 4096); });
 BENCHMARK(BM_fused_forward_into_bf16)->Apply([](auto* b) { attention_args(b, 4096); });
 BENCHMARK(BM_eigen_forward_gemms)->Apply([](auto* b) { gemm_args(b, 16384); });  // S: N^2 floats (1 GB at 16384)
 BENCHMARK(BM_fused_backward)->Apply([](auto* b) { attention_args(b, 16384); });
 BENCHMARK(BM_reference_backward)->Apply([](auto* b) { attention_args(b, 4096); });
+BENCHMARK(BM_fused_backward_softcap)->Apply([](auto* b) { attention_args(b, 4096); });
 BENCHMARK(BM_eigen_backward_gemms)->Apply([](auto* b) { gemm_args(b, 16384); });
 BENCHMARK(BM_mha_forward_backward)
     ->ArgNames({"", "threads"})

@@ -42,10 +42,11 @@ struct AttentionForward {
   Tensor<compute_type_t<T>, 4> weights;  ///< (B, H, Lq, Lk): probabilities before dropout when need_weights, else empty
 };
 
-/// \brief What `sdpa_backward` returns: gradients of a scalar loss with respect to q, k, v (their shapes)
-/// and, when `opts.bias` is set, the bias in its own (broadcast) shape; `dbias` is empty otherwise.
+/// \brief What `sdpa_backward` returns: gradients of a scalar loss with respect to q, k, v (their shapes),
+/// when `opts.bias` is set the bias in its own (broadcast) shape, and when `opts.sinks` is set the sinks; `dbias` and
+/// `dsinks` are empty otherwise.
 ///
-/// Shapes: dq (B, H, Lq, D), dk (B, Hkv, Lk, D), dv (B, Hkv, Lk, Dv), dbias the shape of `opts.bias`.
+/// Shapes: dq (B, H, Lq, D), dk (B, Hkv, Lk, D), dv (B, Hkv, Lk, Dv), dbias the shape of `opts.bias`, dsinks (H).
 /// \code
 /// AttentionGradients<float> g = sdpa_backward(q, k, v, fwd.out, fwd.lse, dout, opts);
 /// \endcode
@@ -56,11 +57,12 @@ struct AttentionGradients {
   Tensor<T, 4> dk;                     ///< (B, Hkv, Lk, D): gradient of k, summed over the query heads of each group
   Tensor<T, 4> dv;                     ///< (B, Hkv, Lk, Dv): gradient of v, summed over the query heads of each group
   Tensor<compute_type_t<T>, 4> dbias;  ///< gradient of `opts.bias` in its own (broadcast) shape; empty without a bias
+  Tensor<compute_type_t<T>, 1> dsinks;  ///< (H): gradient of `opts.sinks`; empty without sinks
 };
 
 /// \brief Where `sdpa_backward_into` writes the gradients: writable views (or Tensors) of the shapes of q, k and
-/// v, and of `opts.bias` when it is set (empty otherwise). dk, dv and dbias must be contiguous; dq may have any
-/// strides with a contiguous last dimension.
+/// v, of `opts.bias` when it is set and (H) when `opts.sinks` is (empty otherwise). dk, dv and dbias must be
+/// contiguous; dq may have any strides with a contiguous last dimension.
 /// \code
 /// Tensor<float, 4> dq(q.shape()), dk(k.shape()), dv(v.shape());
 /// sdpa_backward_into(q, k, v, out, lse, dout, {dq, dk, dv}, opts, workspace);
@@ -68,15 +70,16 @@ struct AttentionGradients {
 template <typename T>
 struct AttentionGradientViews {
   AttentionGradientViews() = default;
-  /// dq, dk, dv and, with opts.bias, dbias (Tensors convert to views).
+  /// dq, dk, dv and, with opts.bias, dbias, with opts.sinks, dsinks (Tensors convert to views).
   AttentionGradientViews(const TensorView<T, 4>& dq_, const TensorView<T, 4>& dk_, const TensorView<T, 4>& dv_,
-                         const TensorView<T, 4>& dbias_ = {})
-      : dq(dq_), dk(dk_), dv(dv_), dbias(dbias_) {}
+                         const TensorView<T, 4>& dbias_ = {}, const TensorView<T, 1>& dsinks_ = {})
+      : dq(dq_), dk(dk_), dv(dv_), dbias(dbias_), dsinks(dsinks_) {}
 
   TensorView<T, 4> dq;     ///< (B, H, Lq, D)
   TensorView<T, 4> dk;     ///< (B, Hkv, Lk, D), contiguous
   TensorView<T, 4> dv;     ///< (B, Hkv, Lk, Dv), contiguous
   TensorView<T, 4> dbias;  ///< the shape of opts.bias, contiguous; empty without a bias
+  TensorView<T, 1> dsinks;  ///< (H) with opts.sinks; empty without sinks
 };
 
 namespace detail {
@@ -116,6 +119,18 @@ void validate_options(const char* function, const AttentionOptions<T>& opts, Ind
     throw_invalid(function, "opts.scale", "expected a finite value, got " + std::to_string(*opts.scale));
   if (!(opts.dropout_p >= T(0) && opts.dropout_p < T(1)))
     throw_invalid(function, "opts.dropout_p", "expected a value in [0, 1), got " + std::to_string(opts.dropout_p));
+  if (!(opts.softcap >= T(0) && std::isfinite(opts.softcap)))
+    throw_invalid(function, "opts.softcap",
+                  "expected a finite value >= 0 (0 = off), got " + std::to_string(opts.softcap));
+  if (!opts.sinks.empty()) {
+    if (static_cast<Index>(opts.sinks.size()) != heads)
+      throw_shape_error(function, "opts.sinks",
+                        "expected " + std::to_string(heads) + " logits (one per query head), got " +
+                            std::to_string(opts.sinks.size()));
+    for (T sink : opts.sinks)
+      if (std::isnan(sink) || sink == std::numeric_limits<T>::infinity())
+        throw_invalid(function, "opts.sinks", "expected finite logits (or -inf: no sink), got " + std::to_string(sink));
+  }
 }
 
 /// Validates the shapes of q and k: q (B, H, Lq, D), k (B, Hkv, Lk, D) with D >= 1, Hkv >= 1 and H % Hkv == 0.
@@ -145,6 +160,8 @@ AttentionParams<T, KV> make_stored_params(const TensorView<const T, 4>& q, const
   p.k = k;
   p.v = v;
   p.scale = opts.scale ? *opts.scale : T(1) / std::sqrt(static_cast<T>(q.dim(3)));
+  p.softcap = opts.softcap;
+  p.sinks = opts.sinks.empty() ? nullptr : opts.sinks.data();
   p.mask.q_len = q.dim(2);
   p.mask.k_len = k.dim(2);
   p.mask.causal = opts.causal;
@@ -175,6 +192,8 @@ AttentionParams<T> with_inputs(const AttentionParams<T, KV>& p, const TensorView
   wide.k = k;
   wide.v = v;
   wide.scale = p.scale;
+  wide.softcap = p.softcap;
+  wide.sinks = p.sinks;
   wide.mask = p.mask;
   wide.dropout = p.dropout;
   return wide;
@@ -437,15 +456,39 @@ void validate_backward(const char* function, const TensorView<const T, 4>& q, co
   validate_options(function, opts, q.dim(0), q.dim(1), q.dim(2), k.dim(2));
 }
 
-/// Runs the backward kernel the options choose on validated arguments.
+/// The sinks' gradient, the same for every backward kernel: a sink's probability in row i is
+/// P_i = exp(sink_h - lse_i), and with no value its dP is 0, so dS = P_i (0 - D_i) with D_i = rowsum(dO_i * O_i):
+///   dsink_h = -sum_{b, i} exp(sink_h - lse_bhi) D_bhi
+template <typename T>
+void sink_gradient(const AttentionParams<T>& p, const BackwardTensors<T>& g, const TensorView<T, 1>& dsinks) {
+  for (Index h = 0; h < p.heads(); ++h) {
+    const T sink = p.sink(h);
+    T sum = T(0);
+    for (Index b = 0; b < p.batch(); ++b)
+      for (Index i = 0; i < p.q_len(); ++i) {
+        const T probability =
+            sink == -std::numeric_limits<T>::infinity() ? T(0) : std::exp(sink - element(g.lse, b, h, i));
+        if (probability == T(0)) continue;
+        const T* dout = row_pointer(g.dout, b, h, i);
+        const T* out = row_pointer(g.out, b, h, i);
+        T d_i = T(0);
+        for (Index e = 0; e < p.value_dim(); ++e) d_i += dout[e] * out[e];
+        sum += probability * d_i;
+      }
+    dsinks(h) = -sum;
+  }
+}
+
+/// Runs the backward kernel the options choose on validated arguments, and the sinks' gradient when dsinks is given.
 template <typename T>
 void run_backward(const AttentionParams<T>& p, const AttentionOptions<T>& opts, const BackwardTensors<T>& tensors,
-                  AttentionWorkspace<T>& workspace) {
+                  AttentionWorkspace<T>& workspace, const TensorView<T, 1>& dsinks = {}) {
   // Either backward accepts the out and lse of any forward: every kernel computes the same lse and out.
   if (opts.kernel == Kernel::reference)
     reference_backward(p, tensors);
   else
     fused_backward(p, tensors, workspace.backward);
+  if (dsinks.data()) sink_gradient(p, tensors, dsinks);
 }
 
 /// sdpa_backward on views of one element type: validate, allocate, run the kernel.
@@ -455,12 +498,15 @@ AttentionGradients<T> sdpa_backward_views(const char* function, const TensorView
                                           const TensorView<const T, 4>& out, const TensorView<const T, 3>& lse,
                                           const TensorView<const T, 4>& dout, const AttentionOptions<T>& opts) {
   validate_backward(function, q, k, v, out, lse, dout, opts);
-  AttentionGradients<T> g{Tensor<T, 4>(q.shape()), Tensor<T, 4>(k.shape()), Tensor<T, 4>(v.shape()), Tensor<T, 4>()};
+  AttentionGradients<T> g{Tensor<T, 4>(q.shape()), Tensor<T, 4>(k.shape()), Tensor<T, 4>(v.shape()), Tensor<T, 4>(),
+                          Tensor<T, 1>()};
   if (opts.bias.data()) g.dbias = Tensor<T, 4>(opts.bias.shape());
+  if (!opts.sinks.empty()) g.dsinks = Tensor<T, 1>({q.dim(1)});
   const BackwardTensors<T> tensors{out, lse, dout, g.dq.view(), g.dk.view(), g.dv.view(),
                                    opts.bias.data() ? g.dbias.view() : TensorView<T, 4>()};
   AttentionWorkspace<T> workspace;
-  run_backward(make_params(q, k, v, opts), opts, tensors, workspace);
+  run_backward(make_params(q, k, v, opts), opts, tensors, workspace,
+               opts.sinks.empty() ? TensorView<T, 1>() : g.dsinks.view());
   return g;
 }
 
@@ -479,6 +525,10 @@ void sdpa_backward_into_views(const char* function, const TensorView<const T, 4>
     check_shape<4>(function, "grads.dbias", g.dbias.shape(), opts.bias.shape());
   else if (g.dbias.data())
     throw_invalid(function, "grads.dbias", "given without opts.bias; leave it empty");
+  if (!opts.sinks.empty())
+    check_shape<1>(function, "grads.dsinks", g.dsinks.shape(), {q.dim(1)});
+  else if (g.dsinks.data())
+    throw_invalid(function, "grads.dsinks", "given without opts.sinks; leave it empty");
   // The kernels accumulate dk, dv and dbias in place over their whole memory: they must be dense.
   const std::array<std::pair<const char*, TensorView<T, 4>>, 4> destinations{
       {{"grads.dq", g.dq}, {"grads.dk", g.dk}, {"grads.dv", g.dv}, {"grads.dbias", g.dbias}}};
@@ -494,9 +544,14 @@ void sdpa_backward_into_views(const char* function, const TensorView<const T, 4>
     for (std::size_t m = 0; m < n; ++m)
       if (overlaps(destination, destinations[m].second))
         throw_invalid(function, name, std::string("overlaps ") + destinations[m].first + "; write into separate memory");
+    if (overlaps(destination, g.dsinks))
+      throw_invalid(function, "grads.dsinks", std::string("overlaps ") + name + "; write into separate memory");
   }
+  check_destination(function, "grads.dsinks", g.dsinks, q, k, v, opts);
+  if (overlaps(g.dsinks, out) || overlaps(g.dsinks, lse) || overlaps(g.dsinks, dout))
+    throw_invalid(function, "grads.dsinks", "overlaps out, lse or dout; write into separate memory");
   run_backward(make_params(q, k, v, opts), opts, BackwardTensors<T>{out, lse, dout, g.dq, g.dk, g.dv, g.dbias},
-               workspace);
+               workspace, g.dsinks);
 }
 
 /// sdpa_backward on 16-bit views: the float backward on the inputs widened exactly (O(L D) copies), gradients of
@@ -511,7 +566,8 @@ AttentionGradients<S> sdpa_backward_half_views(const char* function, const Tenso
   AttentionGradients<float> g =
       sdpa_backward_views<float>(function, q_wide.view(), k_wide.view(), v_wide.view(), out_wide.view(), lse,
                                  dout_wide.view(), opts);
-  return AttentionGradients<S>{tensor_cast<S>(g.dq), tensor_cast<S>(g.dk), tensor_cast<S>(g.dv), std::move(g.dbias)};
+  return AttentionGradients<S>{tensor_cast<S>(g.dq), tensor_cast<S>(g.dk), tensor_cast<S>(g.dv), std::move(g.dbias),
+                               std::move(g.dsinks)};
 }
 
 /// attention_weights on views of one element type: validate, run the kernel that has weights with Dv = 0.

@@ -58,6 +58,8 @@ struct AttentionOptions {
   Index window_left = -1;                 ///< keys allowed left of the bottom-right diagonal; -1 = unbounded
   Index window_right = -1;                ///< keys allowed right of the bottom-right diagonal; -1 = unbounded
   std::vector<T> alibi_slopes;            ///< empty, or one slope per query head: score -= slope * |i + off - j|
+  T softcap = T(0);                       ///< > 0: scores c tanh(scale q.k / c), before bias and ALiBi; 0 = off
+  std::vector<T> sinks;                   ///< empty, or one logit per query head: joins each row's softmax, no value
   std::optional<T> scale;                 ///< score scale; default 1 / sqrt(D)
   T dropout_p = T(0);                     ///< dropout rate on the probabilities, in [0, 1)
   std::uint64_t seed = 0;                 ///< dropout stream key: same seed, same mask

@@ -40,14 +40,22 @@ bool brute_force_allowed(const AttentionOptions<T>& opts, Index b, Index h, Inde
 }
 
 /// Row i of query head h, batch b, in long double: every key's score s_ij, whether the masks let the row see it,
-/// and the row's maximum and sum of exp(s_ij - max) over the visible keys (a NaN score at a visible key makes
-/// the sum NaN; no visible key leaves max = -inf and sum = 0).
+/// and the row's maximum and sum of exp(s_ij - max) over the visible keys and the sink, when there is one (a NaN
+/// score at a visible key makes the sum NaN; no visible key and no sink leaves max = -inf and sum = 0).
+/// With soft-capping s_ij = c tanh(x_ij / c) + ..., x_ij = scale q_i . k_j, and cap_slope_j = 1 - tanh^2(x_ij / c).
 struct BruteForceRow {
   using Real = long double;
   std::vector<Real> s;
+  std::vector<Real> cap_slope;
   std::vector<bool> on;
   Real max = -std::numeric_limits<Real>::infinity();
   Real sum = 0;
+  Real sink = -std::numeric_limits<Real>::infinity();
+
+  /// The sink's probability exp(sink - max) / sum, 0 without a sink.
+  Real sink_probability() const {
+    return sink == -std::numeric_limits<Real>::infinity() ? Real(0) : std::exp(sink - max) / sum;
+  }
 
   /// P_ij: exp(s_ij - max) / sum where visible, else 0.
   Real probability(Index j) const {
@@ -64,11 +72,17 @@ BruteForceRow brute_force_row(const TensorView<const T, 4>& q, const TensorView<
   const Real scale = opts.scale ? static_cast<Real>(*opts.scale) : 1.0L / std::sqrt(static_cast<Real>(D));
   BruteForceRow row;
   row.s.resize(static_cast<std::size_t>(Lk));
+  row.cap_slope.assign(static_cast<std::size_t>(Lk), Real(1));
   row.on.resize(static_cast<std::size_t>(Lk));
   for (Index j = 0; j < Lk; ++j) {
     Real dot = 0;
     for (Index d = 0; d < D; ++d) dot += static_cast<Real>(q(b, h, i, d)) * static_cast<Real>(k(b, hk, j, d));
     Real score = scale * dot;
+    if (opts.softcap != T(0)) {
+      const Real c = static_cast<Real>(opts.softcap), t = std::tanh(score / c);
+      score = c * t;
+      row.cap_slope[static_cast<std::size_t>(j)] = 1 - t * t;
+    }
     if (opts.bias.data()) score += static_cast<Real>(broadcast_at(opts.bias, b, h, i, j));
     if (!opts.alibi_slopes.empty())
       score -= static_cast<Real>(opts.alibi_slopes[static_cast<std::size_t>(h)]) * static_cast<Real>(std::abs(i + (Lk - Lq) - j));
@@ -76,6 +90,11 @@ BruteForceRow brute_force_row(const TensorView<const T, 4>& q, const TensorView<
     row.on[static_cast<std::size_t>(j)] = visible;
     row.s[static_cast<std::size_t>(j)] = score;
     if (visible && score > row.max) row.max = score;
+  }
+  if (!opts.sinks.empty()) {
+    row.sink = static_cast<Real>(opts.sinks[static_cast<std::size_t>(h)]);
+    if (row.sink > row.max) row.max = row.sink;
+    if (row.sink != -std::numeric_limits<Real>::infinity()) row.sum += std::exp(row.sink - row.max);
   }
   for (Index j = 0; j < Lk; ++j)
     if (row.on[static_cast<std::size_t>(j)]) row.sum += std::exp(row.s[static_cast<std::size_t>(j)] - row.max);
@@ -93,7 +112,7 @@ BruteForceResult<T> brute_force_attention(const TensorView<const T, 4>& q, const
       const Index hk = h / (H / Hkv);
       for (Index i = 0; i < Lq; ++i) {
         const BruteForceRow row = brute_force_row(q, k, opts, b, h, i);
-        // No allowed key: sum 0, lse -inf. A NaN score at an allowed key makes the sum, hence lse, NaN.
+        // No allowed key and no sink: sum 0, lse -inf. A NaN score at an allowed key makes the sum, hence lse, NaN.
         r.lse(b, h, i) = row.sum == 0 ? -std::numeric_limits<T>::infinity() : static_cast<T>(row.max + std::log(row.sum));
         for (Index j = 0; j < Lk; ++j) r.weights(b, h, i, j) = static_cast<T>(row.probability(j));
         for (Index d = 0; d < Dv; ++d) {
@@ -113,12 +132,15 @@ struct BruteForceGradients {
   Tensor<T, 4> dk;     // shape of k
   Tensor<T, 4> dv;     // shape of v
   Tensor<T, 4> dbias;  // shape of opts.bias (summed over its broadcast dimensions), empty without a bias
+  Tensor<T, 1> dsinks;  // (H) with opts.sinks, else empty
 };
 
 /// The gradients of sum(dout * out) from the definitions, per row in long double (no dropout):
 ///   dv_j += P_ij dO_i;   dP_ij = dO_i . v_j;   dS_ij = P_ij (dP_ij - sum_k P_ik dP_ik)
-///   dq_i += scale dS_ij k_j;   dk_j += scale dS_ij q_i;   dbias_ij += dS_ij
-/// with P the probabilities of brute_force_attention; masked pairs have P = 0 and contribute nothing.
+///   dq_i += scale dS_ij cap'_ij k_j;   dk_j += scale dS_ij cap'_ij q_i;   dbias_ij += dS_ij
+///   dsink_h += P_sink (0 - sum_k P_ik dP_ik)   (a sink has no value: its dP is 0)
+/// with P the probabilities of brute_force_attention and cap' the soft-cap's slope (1 without a cap); masked pairs
+/// have P = 0 and contribute nothing.
 template <typename T>
 BruteForceGradients<T> brute_force_backward(const TensorView<const T, 4>& q, const TensorView<const T, 4>& k,
                                             const TensorView<const T, 4>& v, const TensorView<const T, 4>& dout,
@@ -130,6 +152,7 @@ BruteForceGradients<T> brute_force_backward(const TensorView<const T, 4>& q, con
       dv(static_cast<std::size_t>(v.size()));
   const bool bias = opts.bias.data() != nullptr;
   Tensor<Real, 4> dbias(bias ? opts.bias.shape() : std::array<Index, 4>{0, 0, 0, 0});
+  std::vector<Real> dsinks(opts.sinks.size());
   const auto at = [](const std::array<Index, 4>& shape, Index a, Index b, Index c, Index d) {
     return static_cast<std::size_t>(((a * shape[1] + b) * shape[2] + c) * shape[3] + d);
   };
@@ -148,13 +171,15 @@ BruteForceGradients<T> brute_force_backward(const TensorView<const T, 4>& q, con
           dp[static_cast<std::size_t>(j)] = dot;
           p_dot_dp += p[static_cast<std::size_t>(j)] * dot;
         }
+        if (!dsinks.empty()) dsinks[static_cast<std::size_t>(h)] -= row.sink_probability() * p_dot_dp;
         for (Index j = 0; j < Lk; ++j) {
           if (!row.on[static_cast<std::size_t>(j)]) continue;
           const Real pij = p[static_cast<std::size_t>(j)], ds = pij * (dp[static_cast<std::size_t>(j)] - p_dot_dp);
           for (Index e = 0; e < Dv; ++e) dv[at(v.shape(), b, hk, j, e)] += pij * static_cast<Real>(dout(b, h, i, e));
+          const Real dx = ds * row.cap_slope[static_cast<std::size_t>(j)];
           for (Index d = 0; d < D; ++d) {
-            dq[at(q.shape(), b, h, i, d)] += scale * ds * static_cast<Real>(k(b, hk, j, d));
-            dk[at(k.shape(), b, hk, j, d)] += scale * ds * static_cast<Real>(q(b, h, i, d));
+            dq[at(q.shape(), b, h, i, d)] += scale * dx * static_cast<Real>(k(b, hk, j, d));
+            dk[at(k.shape(), b, hk, j, d)] += scale * dx * static_cast<Real>(q(b, h, i, d));
           }
           if (bias) {
             const auto& shape = opts.bias.shape();
@@ -168,7 +193,11 @@ BruteForceGradients<T> brute_force_backward(const TensorView<const T, 4>& q, con
     for (std::size_t n = 0; n < x.size(); ++n) t.data()[n] = static_cast<T>(x[n]);
     return t;
   };
-  BruteForceGradients<T> g{to_tensor(dq, q.shape()), to_tensor(dk, k.shape()), to_tensor(dv, v.shape()), {}};
+  BruteForceGradients<T> g{to_tensor(dq, q.shape()), to_tensor(dk, k.shape()), to_tensor(dv, v.shape()), {}, {}};
+  if (!dsinks.empty()) {
+    g.dsinks = Tensor<T, 1>({static_cast<Index>(dsinks.size())});
+    for (std::size_t h = 0; h < dsinks.size(); ++h) g.dsinks.data()[h] = static_cast<T>(dsinks[h]);
+  }
   if (bias) {
     g.dbias = Tensor<T, 4>(opts.bias.shape());
     for (Index n = 0; n < dbias.size(); ++n) g.dbias.data()[n] = static_cast<T>(dbias.data()[n]);

@@ -44,14 +44,24 @@ struct ModuleConfig : MultiHeadAttentionConfig {
     dropout = probability;
     return *this;
   }
+  ModuleConfig& with_softcap(double cap) {
+    softcap = cap;
+    return *this;
+  }
+  ModuleConfig& with_sinks(bool on) {
+    sinks = on;
+    return *this;
+  }
 };
 
-/// Normal random q, k, v and out biases (in that order) where the module has biases; nothing drawn where it has none.
+/// Normal random q, k, v and out biases (in that order) where the module has biases, then sink logits where it has
+/// them; nothing drawn where it has none.
 template <typename T>
 void randomize_biases(MultiHeadAttention<T>& mha, Random& random) {
-  if (!mha.config().bias) return;
   auto& p = mha.params();
-  for (Tensor<T, 1>* b : {&p.q_bias, &p.k_bias, &p.v_bias, &p.out_bias}) *b = random.normal_tensor<T, 1>(b->shape());
+  if (mha.config().bias)
+    for (Tensor<T, 1>* b : {&p.q_bias, &p.k_bias, &p.v_bias, &p.out_bias}) *b = random.normal_tensor<T, 1>(b->shape());
+  if (mha.config().sinks) p.sinks = random.normal_tensor<T, 1>(p.sinks.shape());
 }
 
 }  // namespace selfattn::test

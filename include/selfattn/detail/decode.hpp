@@ -8,8 +8,8 @@
 // softmax.hpp's rules. The merge order is fixed, so the result does not depend on the thread count.
 //
 // The paths (one per file) and the one rule that picks among them, decode_path:
-//   general    kernels/decode_general.inc     any mask, bias, ALiBi or dropout; the level's GEMM per chunk
-//   grouped    kernels/decode_grouped.inc     no per-element mask and no dropout; the R = G Lq rows in SIMD lanes
+//   general    kernels/decode_general.inc     any mask, bias, ALiBi, dropout or soft-capping; the level's GEMM
+//   grouped    kernels/decode_grouped.inc     no per-element mask, dropout or cap; the R = G Lq rows in SIMD lanes
 //   streaming  kernels/decode_streaming.inc   the same conditions and R <= 3: vectorised over D, bound by memory
 // The driver is kernels/decode_driver.inc. Every path runs at the instruction-set level dispatch.hpp selects
 // (decode_at_level), with that level's driver.
@@ -41,11 +41,11 @@ bool decode_suits(const AttentionParams<T, KV>& p) {
 /// grouped kernel's 16 float lanes, and the step is bound by memory.
 constexpr Index streaming_max_rows = 3;
 
-/// The rule that picks the path: general with per-element masks or dropout, else streaming for R <= 3 rows per
-/// key/value head, else grouped.
+/// The rule that picks the path: general with per-element masks, dropout or soft-capping, else streaming for R <= 3
+/// rows per key/value head, else grouped. A sink needs no path of its own: it joins each row at the driver's finish.
 template <typename T, typename KV>
 DecodePath decode_path(const AttentionParams<T, KV>& p) {
-  if (p.mask.has_element_masks() || p.dropout.active()) return DecodePath::general;
+  if (p.mask.has_element_masks() || p.dropout.active() || p.softcap != T(0)) return DecodePath::general;
   return p.group() * p.q_len() <= streaming_max_rows ? DecodePath::streaming : DecodePath::grouped;
 }
 

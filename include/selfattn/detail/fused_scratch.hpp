@@ -68,10 +68,12 @@ struct BackwardWorkspace {
   micro::Buffer<T> kt, vt, kn;  // K^T (D, lanes), V^T (Dv, lanes), K (lanes, Dp) of the tile, zero-padded
   micro::Buffer<T> dkt, dvt;    // dK^T (D, lanes), dV^T (Dv, lanes) accumulators of the tile
   micro::Buffer<T> s, ds;       // (rows, lanes): S -> P -> W (the dropped weights); dP -> dS
+  micro::Buffer<T> cap_slope;   // (rows, lanes) with soft-capping: 1 - tanh^2(x / c), the cap's derivative; else empty
 
   /// Sizes (and zeroes) the buffers for one call, for tiles of `lanes` keys and blocks of `rows` queries (the
   /// level's FusedTiles<T>); within their capacity nothing is allocated.
-  void prepare(Index head_dim, Index value_dim, Index padded_head_dim, Index lanes, Index rows) {
+  void prepare(Index head_dim, Index value_dim, Index padded_head_dim, Index lanes, Index rows, bool softcap) {
+    cap_slope.assign(softcap ? static_cast<std::size_t>(rows * lanes) : 0, T(0));
     kt.assign(static_cast<std::size_t>(head_dim * lanes), T(0));
     vt.assign(static_cast<std::size_t>(value_dim * lanes), T(0));
     kn.assign(static_cast<std::size_t>(lanes * padded_head_dim), T(0));

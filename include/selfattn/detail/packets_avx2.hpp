@@ -64,6 +64,7 @@ inline __m256 padd(const __m256& a, const __m256& b) { return _mm256_add_ps(a, b
 inline __m256i padd(const __m256i& a, const __m256i& b) { return _mm256_add_epi32(a, b); }
 inline __m256 psub(const __m256& a, const __m256& b) { return _mm256_sub_ps(a, b); }
 inline __m256 pmul(const __m256& a, const __m256& b) { return _mm256_mul_ps(a, b); }
+inline __m256 pdiv(const __m256& a, const __m256& b) { return _mm256_div_ps(a, b); }
 inline __m256 pmadd(const __m256& a, const __m256& b, const __m256& c) { return _mm256_fmadd_ps(a, b, c); }
 // Arguments swapped as Eigen swaps them (std::max's NaN behaviour): max(a, NaN) = a... as vmaxps(b, a) gives.
 inline __m256 pmax(const __m256& a, const __m256& b) { return _mm256_max_ps(b, a); }

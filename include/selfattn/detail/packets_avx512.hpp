@@ -71,6 +71,7 @@ inline __m512 padd(const __m512& a, const __m512& b) { return _mm512_add_ps(a, b
 inline __m512i padd(const __m512i& a, const __m512i& b) { return _mm512_add_epi32(a, b); }
 inline __m512 psub(const __m512& a, const __m512& b) { return _mm512_sub_ps(a, b); }
 inline __m512 pmul(const __m512& a, const __m512& b) { return _mm512_mul_ps(a, b); }
+inline __m512 pdiv(const __m512& a, const __m512& b) { return _mm512_div_ps(a, b); }
 inline __m512 pmadd(const __m512& a, const __m512& b, const __m512& c) { return _mm512_fmadd_ps(a, b, c); }
 // Arguments swapped as Eigen swaps them, for std::max's NaN behaviour.
 inline __m512 pmax(const __m512& a, const __m512& b) { return _mm512_maskz_max_ps(all_lanes, b, a); }

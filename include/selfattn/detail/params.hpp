@@ -8,6 +8,7 @@
 #include <selfattn/tensor.hpp>
 
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 namespace selfattn::detail {
@@ -23,8 +24,13 @@ struct AttentionParams {
   TensorView<const KV, 4> k;
   TensorView<const KV, 4> v;
   T scale = T(1);           // s_ij = scale * q_i . k_j (+ the mask's terms)
+  T softcap = T(0);         // > 0: s_ij = softcap * tanh(scale * q_i . k_j / softcap) (+ the mask's terms)
+  const T* sinks = nullptr;  // one logit per query head joining every row's softmax (softmax.hpp, rule 6), or none
   MaskParams<T> mask;       // which keys a row sees, and what is added to its scores
   DropoutParams<T> dropout;  // which probabilities survive
+
+  /// Query head h's sink logit, -inf without sinks (a sink of weight exp(-inf) = 0).
+  T sink(Index h) const { return sinks ? sinks[h] : -std::numeric_limits<T>::infinity(); }
 
   Index batch() const { return q.dim(0); }
   Index heads() const { return q.dim(1); }

@@ -14,6 +14,11 @@
 //   5. Partials over disjoint keys merge by their maxima: m = max(m_a, m_b), each side weighted by
 //      exp(m_side - shift(m)) (0 for a side that saw no key); sums add, and accumulated values add except
 //      from a side of weight 0 (0 * inf would be NaN).                                       merge_partial
+//   6. A sink logit joins the row's softmax with no value: the finished row is merged (rule 5) with the partial
+//      (max = sink, sum = 1, acc = 0) before rule 3. A row without any allowed key then has output 0 and
+//      lse = sink; a sink of -inf is no sink.                                                finish_row
+//
+// Logit soft-capping, s = c tanh(s / c), is the scalar softcapped here and a packet function in the kernels.
 #pragma once
 
 #include <selfattn/tensor.hpp>
@@ -84,5 +89,20 @@ MergeWeights<T> merge_partial(T& max_a, T& sum_a, T max_b, T sum_b) {
   return weights;
 }
 
+/// Rule 6: finish_row for a row whose softmax also holds the logit `sink` (no value): merged with the partial
+/// (sink, 1) first, so the accumulated values, taken against the old maximum, are weighted by that merge's a.
+template <typename T>
+FinishedRow<T> finish_row(T max, T sum, T out_scale, T sink) {
+  if (sink == -std::numeric_limits<T>::infinity()) return finish_row(max, sum, out_scale);
+  const MergeWeights<T> weights = merge_partial(max, sum, sink, T(1));
+  // sum >= 1 now (or NaN): lse = shift + log l; a row that saw no key has weights.a = 0, hence output 0.
+  return {softmax_shift(max) + std::log(sum), weights.a * out_scale / sum};
+}
+
+/// Logit soft-capping of one score: c tanh(s / c) (Gemma 2), bounded by c; s unchanged for c = 0 (off).
+template <typename T>
+T softcapped(T s, T c) {
+  return c == T(0) ? s : c * std::tanh(s / c);
+}
 
 }  // namespace selfattn::detail

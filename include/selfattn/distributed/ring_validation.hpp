@@ -52,7 +52,8 @@ struct RingGradientInputs {
 namespace ring_field {
 constexpr std::size_t element_size = 0, layout = 1, backward = 2, q = 3, k = 7, v = 11, out = 15, lse = 19, dout = 22,
                       causal = 26, key_lengths = 27, has_scale = 28, scale_bits = 29, dropout = 30, alibi = 31,
-                      bias = 32, allowed = 33, window_left = 34, window_right = 35, need_weights = 36, count = 37;
+                      bias = 32, allowed = 33, window_left = 34, window_right = 35, need_weights = 36, softcap = 37,
+                      sinks = 38, count = 39;
 }  // namespace ring_field
 using RingRecord = std::array<std::int64_t, ring_field::count>;
 
@@ -98,6 +99,8 @@ RingRecord make_ring_record(SequenceLayout layout, const TensorView<const T, 4>&
   record[ring_field::window_left] = static_cast<std::int64_t>(opts.window_left);
   record[ring_field::window_right] = static_cast<std::int64_t>(opts.window_right);
   record[ring_field::need_weights] = opts.need_weights ? 1 : 0;
+  record[ring_field::softcap] = opts.softcap != T(0) ? 1 : 0;
+  record[ring_field::sinks] = opts.sinks.empty() ? 0 : 1;
   return record;
 }
 
@@ -135,6 +138,8 @@ inline void check_rank_arguments(const char* function, const RingRecord& record,
   if (record[ring_field::window_left] != -1 || record[ring_field::window_right] != -1)
     unsupported("opts.window_left/window_right", "sliding windows: leave both -1");
   if (record[ring_field::need_weights]) unsupported("opts.need_weights", "no rank holds a whole row of weights");
+  if (record[ring_field::softcap]) unsupported("opts.softcap", "not implemented yet: leave it 0");
+  if (record[ring_field::sinks]) unsupported("opts.sinks", "not implemented yet: leave it empty");
   if (record[ring_field::key_lengths] != 0 && record[ring_field::key_lengths] != q[0])
     throw_shape_error(function, on_rank("opts.key_lengths", r),
                       "expected " + std::to_string(q[0]) + " entries (one per batch), got " +

@@ -115,8 +115,9 @@ MhaParams<T> mha_params_from_state_dict(const StateDict<T>& sd, const MultiHeadA
   const auto key = [&prefix](const char* name) { return prefix + name; };
   const auto has = [&](const char* name) { return sd.count(key(name)) != 0; };
 
-  static const char* const known[] = {"in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight",
-                                      "in_proj_bias",   "out_proj.weight", "out_proj.bias"};
+  // "sinks" (H), gpt-oss's name for the sink logits, with cfg.sinks only (nn.MultiheadAttention has none).
+  static const char* const known[] = {"in_proj_weight", "q_proj_weight",   "k_proj_weight", "v_proj_weight",
+                                      "in_proj_bias",   "out_proj.weight", "out_proj.bias", "sinks"};
   for (const auto& entry : sd) {
     if (!detail::has_prefix(entry.first, prefix)) continue;
     const std::string rest = entry.first.substr(prefix.size());
@@ -163,6 +164,10 @@ MhaParams<T> mha_params_from_state_dict(const StateDict<T>& sd, const MultiHeadA
     for (const char* name : {"in_proj_bias", "out_proj.bias"})
       if (has(name)) detail::throw_invalid(fn, key(name), "present, but cfg.bias is false");
   }
+  if (cfg.sinks)
+    p.sinks = to_tensor<1>(detail::state_dict_entry(fn, sd, key("sinks"), {cfg.num_heads}));
+  else if (has("sinks"))
+    detail::throw_invalid(fn, key("sinks"), "present, but cfg.sinks is false");
   return p;
 }
 
@@ -196,6 +201,7 @@ StateDict<T> mha_state_dict(const MhaParams<T>& p, const MultiHeadAttentionConfi
   detail::check_shape<1>(fn, "params.k_bias", p.k_bias.shape(), {nb * s.kv});
   detail::check_shape<1>(fn, "params.v_bias", p.v_bias.shape(), {nb * s.kv});
   detail::check_shape<1>(fn, "params.out_bias", p.out_bias.shape(), {nb * s.e});
+  detail::check_shape<1>(fn, "params.sinks", p.sinks.shape(), {cfg.sinks ? cfg.num_heads : 0});
 
   // Stack along dim 0: the row-major values simply concatenate.
   const auto stack = [](std::vector<Index> shape, std::initializer_list<const Tensor<T, 2>*> w2,
@@ -218,6 +224,7 @@ StateDict<T> mha_state_dict(const MhaParams<T>& p, const MultiHeadAttentionConfi
     sd[prefix + "in_proj_bias"] = stack({s.e + 2 * s.kv}, {}, {&p.q_bias, &p.k_bias, &p.v_bias});
     sd[prefix + "out_proj.bias"] = detail::state_dict_array(p.out_bias);
   }
+  if (cfg.sinks) sd[prefix + "sinks"] = detail::state_dict_array(p.sinks);
   return sd;
 }
 

@@ -44,10 +44,12 @@ void check_mha_step_tree(const MultiHeadAttentionConfig& config, const MhaParams
 /// Attends the k drafts of sequence b (q_rows (1, H, k, Dh), appended at slot `prefix`) over the cached tokens with
 /// no mask (the decode kernel's fast paths, one pass over the cache) and over each other under the tree's (1, 1, k,
 /// k) mask, merges the two by their log-sum-exps (merge_attention_partials' rule) into sequence b of `heads`.
+/// `logits` holds the module's soft-cap, on both parts, and its sinks, on the drafts' part only: a sink is one more
+/// key without a value, which the merge then counts once.
 template <typename T, typename S>
 void attend_draft_tree(const TensorView<const T, 4>& q_rows, const KVCache<T, S>& cache, Index b, Index prefix,
-                       const TensorView<const bool, 4>& tree_mask, const TensorView<T, 4>& heads,
-                       AttentionWorkspace<T>& workspace) {
+                       const TensorView<const bool, 4>& tree_mask, const AttentionOptions<T>& logits,
+                       const TensorView<T, 4>& heads, AttentionWorkspace<T>& workspace) {
   const Index drafts = q_rows.dim(2);
   const auto keys_from = [](const TensorView<const S, 4>& plane, Index first, Index count) {
     return TensorView<const S, 4>(plane.data() + first * plane.stride(2), {1, plane.dim(1), count, plane.dim(3)},
@@ -61,11 +63,13 @@ void attend_draft_tree(const TensorView<const T, 4>& q_rows, const KVCache<T, S>
                        opts, ForwardOutputs<T>{part.out.view(), part.lse.view(), TensorView<T, 4>()}, workspace);
     return part;
   };
-  AttentionOptions<T> over_drafts;
+  AttentionOptions<T> over_drafts = logits;
   over_drafts.allowed = tree_mask;
   AttentionPartial<T> result = attend(prefix, drafts, over_drafts);
   if (prefix > 0) {
-    const AttentionPartial<T> over_prefix = attend(0, prefix, AttentionOptions<T>());
+    AttentionOptions<T> over_prefix_opts;
+    over_prefix_opts.softcap = logits.softcap;
+    const AttentionPartial<T> over_prefix = attend(0, prefix, over_prefix_opts);
     result = merge_attention_partials_views<T>(over_prefix.out, over_prefix.lse, result.out, result.lse);
   }
   for (Index h = 0; h < heads.dim(1); ++h)
@@ -98,12 +102,14 @@ void draft_tree_walk(const MultiHeadAttentionConfig& config, const RotaryEmbeddi
     for (Index a = 0; a < drafts; ++a) tree_mask(0, 0, i, a) = tree.sees(i, a);
   const TensorView<T, 3> merged =
       MhaWorkspace<T>::take(ws.merged, std::array<Index, 3>{batch, drafts, config.embed_dim});
+  AttentionOptions<T> logits;
+  add_module_logits(config, parameters, logits);
   const std::vector<Index> lengths_before = cache.lengths();
   try {
     for (Index b = 0; b < batch; ++b) {
       cache.append(b, rows_of(k, b, 0, drafts)[0], rows_of(v, b, 0, drafts)[0], rope);
       attend_draft_tree<T, S>(rows_of(q, b, 0, drafts), cache, b, lengths_before[static_cast<std::size_t>(b)],
-                              tree_mask.view(), split_heads(merged, config.num_heads), ws.attention);
+                              tree_mask.view(), logits, split_heads(merged, config.num_heads), ws.attention);
     }
   } catch (...) {  // out of memory mid-step: the cache goes back to where it was
     for (Index b = 0; b < batch; ++b) cache.truncate(b, lengths_before[static_cast<std::size_t>(b)]);

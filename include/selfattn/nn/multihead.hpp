@@ -430,7 +430,7 @@ class MultiHeadAttention {
     f.value = value;
     auto projected =
         std::make_shared<detail::ProjectedHeads<T>>(detail::project_heads(config_, parameters, query, key, value));
-    forward_options(opts, f.options);
+    forward_options(parameters, opts, f.options);
     const Index batch = query.dim(0), q_len = query.dim(1), heads = config_.num_heads;
     f.attention.out = Tensor<T, 4>({batch, heads, q_len, head_dim_});
     f.attention.lse = Tensor<T, 3>({batch, heads, q_len});
@@ -454,7 +454,7 @@ class MultiHeadAttention {
                          const TensorView<const T, 3>& key, const TensorView<const T, 3>& value,
                          const TensorView<T, 3>& output, MhaWorkspace<T>& ws, const AttentionOptions<T>& opts) const {
     const Index batch = query.dim(0), q_len = query.dim(1), e = config_.embed_dim;
-    forward_options(opts, ws.options);
+    forward_options(parameters, opts, ws.options);
     const std::array<TensorView<T, 3>, 3> projections =
         detail::project_into(config_, parameters, query, key, value, ws);
     const TensorView<T, 3> merged = MhaWorkspace<T>::take(ws.merged, std::array<Index, 3>{batch, q_len, e});
@@ -526,6 +526,7 @@ class MultiHeadAttention {
     attention_opts = opts;  // checked: dropout_p 0, need_weights false, causal none or bottom_right
     attention_opts.causal = Causal::bottom_right;
     if (config_.alibi) attention_opts.alibi_slopes = alibi_;
+    detail::add_module_logits(config_, parameters, attention_opts);
     // The heads are written into the merged (B, Lnew, E) layout directly; padding rows stay 0.
     const TensorView<T, 3> merged = MhaWorkspace<T>::take(ws.merged, std::array<Index, 3>{batch, new_len, e});
     std::fill(merged.data(), merged.data() + merged.size(), T(0));
@@ -575,7 +576,9 @@ class MultiHeadAttention {
     Tensor<T, 3> merged({batch, q_len, e}), output({batch, q_len, e}), lse({batch, config_.num_heads, q_len});
     AttentionWorkspace<T> workspace;
     detail::StackedProjection<T> unused;  // T parameters
-    attend_and_project(parameters, {q.view(), memory.keys.view(), memory.values.view()}, opts,
+    AttentionOptions<T> attention_opts = opts;
+    detail::add_module_logits(config_, parameters, attention_opts);
+    attend_and_project(parameters, {q.view(), memory.keys.view(), memory.values.view()}, attention_opts,
                        split_heads(merged.view(), config_.num_heads), lse.view(), TensorView<T, 4>(), merged.view(),
                        output.view(), workspace, unused);
     return output;
@@ -617,15 +620,19 @@ class MultiHeadAttention {
     project_back(f.query, parameters.q_weight, heads.dq, g.d_query, g.params.q_weight, g.params.q_bias);
     project_back(f.key, parameters.k_weight, heads.dk, g.d_key, g.params.k_weight, g.params.k_bias);
     project_back(f.value, parameters.v_weight, heads.dv, g.d_value, g.params.v_weight, g.params.v_bias);
+    if (config_.sinks) g.params.sinks = std::move(heads.dsinks);  // f.options held params().sinks
     return g;
   }
 
-  /// The options the module's forward attends with: opts, the module's dropout rate
-  /// (training mode only) and its ALiBi slopes, assigned into `into` (whose vectors keep their capacity).
-  void forward_options(const AttentionOptions<T>& opts, AttentionOptions<T>& into) const {
+  /// The options the module's forward attends with: opts, the module's dropout rate (training mode only), its ALiBi
+  /// slopes, soft-cap and sinks, assigned into `into` (whose vectors keep their capacity).
+  template <typename P>
+  void forward_options(const MhaParams<P>& parameters, const AttentionOptions<T>& opts,
+                       AttentionOptions<T>& into) const {
     into = opts;
     into.dropout_p = training_ ? static_cast<T>(config_.dropout) : T(0);
     if (config_.alibi) into.alibi_slopes = alibi_;
+    detail::add_module_logits(config_, parameters, into);
   }
 
   /// RoPE on q and k in place, at the positions of the masks (bottom-right: key row j at j, query row l at

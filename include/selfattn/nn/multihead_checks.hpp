@@ -48,6 +48,8 @@ inline MultiHeadAttentionConfig normalized_config(MultiHeadAttentionConfig c) {
                       std::to_string(c.rope_dim));
   if (!(c.rope_base > 0.0 && std::isfinite(c.rope_base)))
     throw_invalid(fn, "cfg.rope_base", "expected a finite value > 0, got " + std::to_string(c.rope_base));
+  if (!(c.softcap >= 0.0 && std::isfinite(c.softcap)))
+    throw_invalid(fn, "cfg.softcap", "expected a finite value >= 0 (0 = off), got " + std::to_string(c.softcap));
   return c;
 }
 
@@ -68,13 +70,34 @@ void check_mha_params(const MultiHeadAttentionConfig& config, const MhaParams<P>
   check_bias("params().k_bias", parameters.k_bias, kv);
   check_bias("params().v_bias", parameters.v_bias, kv);
   check_bias("params().out_bias", parameters.out_bias, e);
+  check_shape<1>(function, "params().sinks", parameters.sinks.shape(),
+                 std::array<Index, 1>{config.sinks ? config.num_heads : 0});
 }
 
-/// ALiBi comes from the configuration or from the options, never both (it would be added twice).
+/// ALiBi, the soft-cap and the sinks come from the configuration or from the options, never both (ALiBi would be
+/// added twice; a cap or a sink set twice would leave one of them ignored).
 template <typename T>
 void check_mha_alibi(const MultiHeadAttentionConfig& config, const AttentionOptions<T>& opts, const char* function) {
   if (config.alibi && !opts.alibi_slopes.empty())
     throw_invalid(function, "opts.alibi_slopes", "must be empty when cfg.alibi is set (ALiBi added twice)");
+  if (config.softcap != 0.0 && opts.softcap != T(0))
+    throw_invalid(function, "opts.softcap", "must be 0 when cfg.softcap is set (the module caps its scores)");
+  if (config.sinks && !opts.sinks.empty())
+    throw_invalid(function, "opts.sinks",
+                  "must be empty when cfg.sinks is set (the module's sinks are params().sinks)");
+}
+
+/// The module's own terms of the scores, added to a call's options: cfg.softcap and the sink logits of `parameters`
+/// (stored as P: T, or 16 bits), widened to T into `into.sinks`, whose capacity is kept.
+template <typename T, typename P>
+void add_module_logits(const MultiHeadAttentionConfig& config, const MhaParams<P>& parameters,
+                       AttentionOptions<T>& into) {
+  if (config.softcap != 0.0) into.softcap = static_cast<T>(config.softcap);
+  if (config.sinks) {
+    into.sinks.resize(static_cast<std::size_t>(parameters.sinks.size()));
+    for (Index h = 0; h < parameters.sinks.size(); ++h)
+      into.sinks[static_cast<std::size_t>(h)] = widen<T>(parameters.sinks.data()[h]);
+  }
 }
 
 /// The checks of forward: query (B, Lq, E), key (B, Lk, kdim), value (B, Lk, vdim), the parameters and the options.

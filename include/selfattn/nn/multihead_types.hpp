@@ -45,6 +45,8 @@ struct MultiHeadAttentionConfig {
   double rope_base = 10000.0;  ///< RoPE frequency base (finite, > 0): theta_i = rope_base^(-2i/rope_dim)
   RopeStyle rope_style = RopeStyle::half;  ///< RoPE pairing: half (GPT-NeoX, Llama) or interleaved (GPT-J)
   bool alibi = false;        ///< add ALiBi with alibi_slopes(num_heads)
+  double softcap = 0.0;      ///< > 0: cap every attention score at softcap tanh(s / softcap) (Gemma 2); 0 = off
+  bool sinks = false;        ///< a learned sink logit per query head (gpt-oss): params().sinks (H), initially 0
 };
 
 /// \brief The module's parameters (or their gradients), nn.Linear layout. Biases are empty when !bias.
@@ -75,6 +77,8 @@ struct MhaParams {
   /// \var out_bias
   /// (E), or empty when the module has no biases (PyTorch's out_proj.bias).
   Tensor<T, 1> q_bias, k_bias, v_bias, out_bias;
+  /// (H) with cfg.sinks: each query head's sink logit, which joins its softmax with no value; else empty.
+  Tensor<T, 1> sinks;
 };
 
 /// \brief The parameters with every tensor converted to `To` (tensor_cast: to 16 bits rounded to nearest even; empty
@@ -83,8 +87,8 @@ struct MhaParams {
 template <typename To, typename T>
 MhaParams<To> params_cast(const MhaParams<T>& p) {
   const auto cast = [](const auto& x) { return tensor_cast<To>(x); };
-  return MhaParams<To>{cast(p.q_weight), cast(p.k_weight), cast(p.v_weight), cast(p.out_weight),
-                       cast(p.q_bias),   cast(p.k_bias),   cast(p.v_bias),   cast(p.out_bias)};
+  return MhaParams<To>{cast(p.q_weight), cast(p.k_weight), cast(p.v_weight), cast(p.out_weight), cast(p.q_bias),
+                       cast(p.k_bias),   cast(p.v_bias),   cast(p.out_bias), cast(p.sinks)};
 }
 
 /// \brief The keys and values of a fixed memory (an encoder's output), projected and split into heads once by
@@ -122,6 +126,7 @@ MhaParams<T> pytorch_initial_params(const MultiHeadAttentionConfig& config, std:
     params.v_bias = Tensor<T, 1>(std::array<Index, 1>{kv});
     params.out_bias = Tensor<T, 1>(std::array<Index, 1>{e});
   }
+  if (config.sinks) params.sinks = Tensor<T, 1>(std::array<Index, 1>{config.num_heads});  // 0: no head prefers a sink
   std::mt19937_64 generator(seed);
   // Our own uniform draw: std::uniform_real_distribution differs between standard libraries.
   const auto fill_uniform = [&generator](Tensor<T, 2>& w, double bound) {

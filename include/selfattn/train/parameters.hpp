@@ -70,6 +70,7 @@ void append_parameters(std::vector<ParameterRef<T>>& list, MhaParams<T>& params,
   add_parameter(list, prefix + "k_bias", params.k_bias, grads.k_bias, false);
   add_parameter(list, prefix + "v_bias", params.v_bias, grads.v_bias, false);
   add_parameter(list, prefix + "out_bias", params.out_bias, grads.out_bias, false);
+  add_parameter(list, prefix + "sinks", params.sinks, grads.sinks, false);
 }
 
 /// The FFN's and the first two norms' tensors, shared by the encoder and the decoder layer.
