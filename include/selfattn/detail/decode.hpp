@@ -9,8 +9,8 @@
 //
 // The paths (one per file) and the one rule that picks among them, decode_path:
 //   general    kernels/decode_general.inc     any mask, bias, ALiBi, dropout or soft-capping; the level's GEMM
-//   grouped    kernels/decode_grouped.inc     no per-element mask, dropout or cap; the R = G Lq rows in SIMD lanes
-//   streaming  kernels/decode_streaming.inc   the same conditions and R <= 3: vectorised over D, bound by memory
+//   grouped    kernels/decode_grouped.inc     no per-element mask and no dropout; the R = G Lq rows in SIMD lanes
+//   streaming  kernels/decode_streaming.inc   the same conditions, no soft-capping, and R <= 3: vectorised over D
 // The driver is kernels/decode_driver.inc. Every path runs at the instruction-set level dispatch.hpp selects
 // (decode_at_level), with that level's driver.
 // Which kernel (reference, fused, decode) a public call runs is attention.hpp's choice (decode_suits).
@@ -41,22 +41,27 @@ bool decode_suits(const AttentionParams<T, KV>& p) {
 /// grouped kernel's 16 float lanes, and the step is bound by memory.
 constexpr Index streaming_max_rows = 3;
 
-/// The rule that picks the path: general with per-element masks, dropout or soft-capping, else streaming for R <= 3
-/// rows per key/value head, else grouped. A sink needs no path of its own: it joins each row at the driver's finish.
+/// The rule that picks the path: general with per-element masks or dropout, else streaming for R <= 3 rows per
+/// key/value head (general with soft-capping: the streaming path has no per-score pass, and the general one is bound
+/// by the same bytes there), else grouped. A sink needs no path of its own: it joins each row at the driver's finish.
 template <typename T, typename KV>
 DecodePath decode_path(const AttentionParams<T, KV>& p) {
-  if (p.mask.has_element_masks() || p.dropout.active() || p.softcap != T(0)) return DecodePath::general;
-  return p.group() * p.q_len() <= streaming_max_rows ? DecodePath::streaming : DecodePath::grouped;
+  if (p.mask.has_element_masks() || p.dropout.active()) return DecodePath::general;
+  if (p.group() * p.q_len() <= streaming_max_rows)
+    return p.softcap != T(0) ? DecodePath::general : DecodePath::streaming;
+  return DecodePath::grouped;
 }
 
 /// The decode kernel: the same contract as reference_forward without weights. `path` defaults to the rule's
 /// choice; tests and benchmarks force each path. A fast path asked for where per-element masks or dropout rule
-/// it out runs the general path instead: forcing a path never changes what is computed. Keys and values may be
-/// stored in 16 bits (KV = bfloat16 or float16, T = float): every path reads them in place and widens them exactly.
+/// it out (or soft-capping, the streaming path) runs the general path instead: forcing a path never changes what is
+/// computed. Keys and values may be stored in 16 bits (KV = bfloat16 or float16, T = float): every path reads them in
+/// place and widens them exactly.
 template <typename T, typename KV>
 void decode_forward(const AttentionParams<T, KV>& p, const ForwardOutputs<T>& result, DecodePath path,
                     DecodeScratch<T>& scratch) {
-  if (decode_path(p) == DecodePath::general) path = DecodePath::general;
+  const bool unsupported = path == DecodePath::streaming && p.softcap != T(0);
+  if (decode_path(p) == DecodePath::general || unsupported) path = DecodePath::general;
   decode_at_level(path, p, result, scratch);
 }
 

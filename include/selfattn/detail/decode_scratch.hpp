@@ -26,6 +26,7 @@ struct GroupedQueries {
   Index depth = 0;           ///< D
   Buffer<T> qt;              ///< (D, Rp): qt[d * Rp + r] = q_r[d]
   T scale = T(1);            ///< s = scale * q . k, applied to the finished dot product
+  T softcap = T(0);          ///< > 0: s = softcap * tanh(s / softcap), before ALiBi and the masks
   Buffer<T> key_begin;       ///< (Rp): first key the row may see (its structural key range), as T
   Buffer<T> key_end;         ///< (Rp): one past its last key
   Buffer<T> slope;           ///< (Rp): ALiBi slope of the row's head, when alibi
