@@ -257,7 +257,8 @@ void run_forward(const AttentionParams<T>& p, const AttentionOptions<T>& opts, c
   }
 }
 
-/// run_forward on keys and values stored as KV. With 16-bit keys and values the decode kernel reads them in place
+/// run_forward on keys and values stored as KV (16 bits, or int8 with block scales). With 16-bit keys and values the
+/// decode kernel reads them in place
 /// (the memory-bound case a 16-bit cache is for) and the fused kernel widens one tile at a time (O(tile) memory);
 /// the reference kernel reads T, so it gets k and v widened once into the workspace: O(Lk D) extra memory, against
 /// its O(Lq Lk) scores.
@@ -266,6 +267,16 @@ void run_forward_stored(const AttentionParams<T, KV>& p, const AttentionOptions<
                         const ForwardOutputs<T>& outputs, AttentionWorkspace<T>& workspace) {
   if constexpr (std::is_same_v<KV, T>) {
     run_forward(p, opts, outputs, workspace);
+  } else if constexpr (std::is_same_v<KV, std::int8_t>) {
+    // int8 keys and values: the decode kernel dequantises them as it reads them; the fused and reference kernels
+    // get x̂ = s q dequantised once into the workspace (exactly: quantized.hpp), O(Lk D) floats as above.
+    if (forward_kernel(p, opts) == Kernel::decode) {
+      decode_forward(p, outputs, workspace.decode);
+      return;
+    }
+    const TensorView<const T, 4> k = dequantize_into(p.k, p.k_scales, workspace.widened.key);
+    const TensorView<const T, 4> v = dequantize_into(p.v, p.v_scales, workspace.widened.value);
+    run_forward(with_inputs(p, p.q, k, v), opts, outputs, workspace);
   } else {
     const Kernel kernel = forward_kernel(p, opts);
     if (kernel == Kernel::decode) {

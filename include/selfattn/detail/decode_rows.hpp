@@ -104,9 +104,18 @@ void empty_partial(const DecodePartial<T>& part, Index lanes, Index value_dim) {
   std::fill(part.acc, part.acc + lanes * value_dim, T(0));
 }
 
+/// The block scales of rows of int8 storage (quantized.hpp): block c of row j at data[j * ld + c]. Other storage
+/// has none (data null), and the readers ignore them.
+struct RowScales {
+  const bfloat16* data = nullptr;
+  Index ld = 0;
+
+  const bfloat16* row(Index j) const { return data ? data + j * ld : nullptr; }
+};
+
 /// Where one chunk's keys are: rows [lo, hi) of this (batch, key/value head)'s K and V, and the keys of the next
 /// chunk some row may see, [hi, next_end), which a path may prefetch while it computes this one. KV: the storage
-/// type of keys and values (T, or 16 bits widened as they are read).
+/// type of keys and values (T, 16 bits widened as they are read, or int8 dequantised as they are read).
 template <typename KV>
 struct DecodeChunk {
   const KV* k;    ///< key row 0 of the head; row j at k + j * ldk
@@ -117,6 +126,8 @@ struct DecodeChunk {
   Index hi;       ///< one past the last
   Index next_end; ///< one past the last key of the next chunk some row sees
   bool masked;    ///< some row does not see every key of [lo, hi)
+  RowScales k_scales = {};  ///< KV = std::int8_t: the scales of key row 0 (row j's at k_scales.row(j)); else none
+  RowScales v_scales = {};  ///< KV = std::int8_t: the scales of value row 0
 };
 
 }  // namespace selfattn::detail

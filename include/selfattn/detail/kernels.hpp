@@ -21,6 +21,7 @@
 #include <selfattn/detail/softmax.hpp>
 #include <selfattn/detail/threads.hpp>
 #include <selfattn/half_precision.hpp>
+#include <selfattn/quantized.hpp>
 #include <selfattn/tensor.hpp>
 
 #include <Eigen/Core>

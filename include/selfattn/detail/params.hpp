@@ -5,6 +5,7 @@
 
 #include <selfattn/detail/dropout.hpp>
 #include <selfattn/detail/mask.hpp>
+#include <selfattn/half_precision.hpp>
 #include <selfattn/tensor.hpp>
 
 #include <algorithm>
@@ -17,12 +18,15 @@ namespace selfattn::detail {
 ///
 /// Shapes: q (B, H, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv); query head h reads key/value head
 /// h / (H / Hkv). v may have Dv == 0 when only the weights are wanted. KV is the storage type of k and v: T, or
-/// a 16-bit type (bfloat16, float16) that the decode kernel reads in place and widens to T = float.
+/// a 16-bit type (bfloat16, float16) that the decode kernel reads in place and widens to T = float, or std::int8_t
+/// with a bfloat16 scale per block of 32 (quantized.hpp), which the decode kernel dequantises as it reads.
 template <typename T, typename KV = T>
 struct AttentionParams {
   TensorView<const T, 4> q;
   TensorView<const KV, 4> k;
   TensorView<const KV, 4> v;
+  TensorView<const bfloat16, 4> k_scales;  // KV = std::int8_t: (B, Hkv, Lk, int8_blocks(D)), the scales of k's blocks
+  TensorView<const bfloat16, 4> v_scales;  // KV = std::int8_t: (B, Hkv, Lk, int8_blocks(Dv)), the scales of v's blocks
   T scale = T(1);           // s_ij = scale * q_i . k_j (+ the mask's terms)
   T softcap = T(0);         // > 0: s_ij = softcap * tanh(scale * q_i . k_j / softcap) (+ the mask's terms)
   const T* sinks = nullptr;  // one logit per query head joining every row's softmax (softmax.hpp, rule 6), or none
