@@ -8,6 +8,10 @@
 //   BM_decode_softcap/N/H/Hkv BM_decode_kernel with opts.softcap = 50: the general path and a tanh per score
 //   BM_decode_kernel_bf16, _f16  BM_decode_kernel with K and V stored as bfloat16 / float16 (half the bytes; the
 //                             GB/s count the 16-bit bytes actually read)
+//   BM_decode_kernel_int8     BM_decode_kernel with K and V stored as int8 and a bfloat16 scale per block of 32
+//                             (quantize_int8; the GB/s count the int8 values and the scales)
+//   BM_decode_kernel_paired_int8  the float, bfloat16 and int8 steps in rotation in one loop, each timed: their
+//                             tokens/s and the ratios int8/bf16, int8/float from the same minutes
 //   BM_decode_step/N          MultiHeadAttention::step of one token over a cache of N tokens (E = 1024)
 //   BM_decode_step_bf16/N     the same over a bfloat16 cache (tokens/s: the figure to compare with the float cache)
 //   BM_decode_step_bf16_weights/N  the same with bfloat16 projection weights too (step_into_with, params_cast)
@@ -130,6 +134,94 @@ void BM_decode_softcap(benchmark::State& state) { decode_kernel(state, std::null
 // The path decode_path picks, over keys and values stored in 16 bits.
 void BM_decode_kernel_bf16(benchmark::State& state) { decode_kernel<selfattn::bfloat16>(state, std::nullopt); }
 void BM_decode_kernel_f16(benchmark::State& state) { decode_kernel<selfattn::float16>(state, std::nullopt); }
+
+// Keys and values stored as int8 with a bfloat16 scale per block of 32 (quantize_int8), the rule's path.
+struct Int8Step {
+  Tensor<float, 4> q;
+  mutable Tensor<float, 4> out;  // the step writes its results; warm_up takes the step as const
+  mutable Tensor<float, 3> lse;
+  selfattn::QuantizedTensor k, v;
+  selfattn::AttentionOptions<float> opts;
+  selfattn::detail::AttentionParams<float, std::int8_t> params;
+
+  Int8Step(Index keys, Index heads, Index kv_heads)
+      : q(filled<4>({1, heads, 1, head_dim})), out({1, heads, 1, head_dim}), lse({1, heads, 1}),
+        k(selfattn::quantize_int8(filled<4>({1, kv_heads, keys, head_dim}))),
+        v(selfattn::quantize_int8(filled<4>({1, kv_heads, keys, head_dim}))),
+        params(selfattn::detail::make_stored_params<float, std::int8_t>(q, k.values, v.values, opts)) {
+    params.k_scales = k.scales;
+    params.v_scales = v.scales;
+  }
+  void operator()() const {
+    selfattn::detail::decode_forward(params, selfattn::detail::ForwardOutputs<float>{out.view(), lse.view(), {}});
+  }
+};
+
+// Bytes of K and V one int8 decode step reads: the int8 values and their bfloat16 scales.
+double int8_kv_bytes(Index keys, Index kv_heads) {
+  return kv_bytes(keys, kv_heads, 1.0) + 2.0 * static_cast<double>(kv_heads * keys * selfattn::int8_blocks(head_dim)) * 2.0;
+}
+
+void BM_decode_kernel_int8(benchmark::State& state) {
+  use_threads(state, 3);
+  const Index keys = state.range(0);
+  Int8Step step(keys, state.range(1), state.range(2));
+  warm_up(step);
+  for (auto _ : state) {
+    step();
+    benchmark::DoNotOptimize(step.out.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(
+      static_cast<int64_t>(static_cast<double>(state.iterations()) * int8_kv_bytes(keys, state.range(2))));
+  state.counters["FLOP/s"] = benchmark::Counter(4.0 * static_cast<double>(state.range(1) * keys * head_dim),
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// The decode step of BM_decode_kernel over a float, a bfloat16 and an int8 cache in rotation within one loop, each
+// step timed: the steps per second of each (a step is one token) and the int8 cache's ratios to the two others,
+// all from the same minutes (absolute times drift by 20-50 % between runs on a shared machine).
+void BM_decode_kernel_paired_int8(benchmark::State& state) {
+  using clock = std::chrono::steady_clock;
+  use_threads(state, 3);
+  const Index keys = state.range(0), heads = state.range(1), kv_heads = state.range(2);
+  const auto q = filled<4>({1, heads, 1, head_dim});
+  const auto k = filled<4>({1, kv_heads, keys, head_dim}), v = filled<4>({1, kv_heads, keys, head_dim});
+  const auto k16 = selfattn::tensor_cast<selfattn::bfloat16>(k), v16 = selfattn::tensor_cast<selfattn::bfloat16>(v);
+  const selfattn::AttentionOptions<float> opts;
+  const auto float_params = selfattn::detail::make_params<float>(q, k, v, opts);
+  const auto half_params = selfattn::detail::make_stored_params<float, selfattn::bfloat16>(q, k16, v16, opts);
+  Int8Step int8(keys, heads, kv_heads);
+  Tensor<float, 4> out({1, heads, 1, head_dim});
+  Tensor<float, 3> lse({1, heads, 1});
+  const selfattn::detail::ForwardOutputs<float> outputs{out.view(), lse.view(), {}};
+  const auto run_float = [&] { selfattn::detail::decode_forward(float_params, outputs); };
+  const auto run_half = [&] { selfattn::detail::decode_forward(half_params, outputs); };
+  warm_up(run_float);
+  warm_up(run_half);
+  warm_up(int8);
+  const auto timed = [](const auto& step) {
+    const clock::time_point start = clock::now();
+    step();
+    benchmark::ClobberMemory();
+    return std::chrono::duration<double>(clock::now() - start).count();
+  };
+  double seconds[3] = {0.0, 0.0, 0.0};
+  int turn = 0;
+  for (auto _ : state) {
+    for (int i = 0; i < 3; ++i) {  // the order rotates, so that none always runs after the same one
+      const int which = (turn + i) % 3;
+      seconds[which] += which == 0 ? timed(run_float) : which == 1 ? timed(run_half) : timed([&] { int8(); });
+    }
+    turn = (turn + 1) % 3;
+  }
+  const auto steps = static_cast<double>(state.iterations());
+  state.counters["float_tokens/s"] = steps / seconds[0];
+  state.counters["bf16_tokens/s"] = steps / seconds[1];
+  state.counters["int8_tokens/s"] = steps / seconds[2];
+  state.counters["int8/bf16"] = seconds[1] / seconds[2];
+  state.counters["int8/float"] = seconds[0] / seconds[2];
+}
 
 selfattn::MultiHeadAttention<float> decoder(Index heads, Index kv_heads) {
   selfattn::MultiHeadAttentionConfig cfg;
@@ -311,6 +403,8 @@ BENCHMARK(BM_decode_general)->Apply(decode_shapes)->UseRealTime()->Unit(benchmar
 BENCHMARK(BM_decode_softcap)->Apply(decode_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_decode_kernel_bf16)->Apply(decode_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_decode_kernel_f16)->Apply(decode_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_decode_kernel_int8)->Apply(decode_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_decode_kernel_paired_int8)->Apply(decode_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_decode_step)->Apply(step_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_decode_step_bf16)->Apply(step_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_decode_step_f16)->Apply(step_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);

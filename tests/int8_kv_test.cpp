@@ -7,13 +7,20 @@
 //     (x̂ = s q is exact in float, so the int8 path may differ from the float path only if it computed differently),
 //     over the shared sweep of shapes and mask kinds, GQA included, and over shapes that cross the chunks (256 keys);
 //   - calls of more rows than the decode kernel takes (the fused and reference kernels) equal the float call on x̂ too;
-//   - a masked key whose block is NaN never reaches the output.
+//   - a masked key whose block is NaN never reaches the output;
+//   - against the float keys and values themselves, each output row within the bound the rule gives
+//     (docs/int8_cache.md): (e^(2 Delta) - 1) max |v| + max |v - v̂|, Delta the largest score error the key scales allow;
+//   - the cache (KVCache<float, std::int8_t>): under every policy (keep all, growing; a sliding window; attention sinks
+//     with RoPE re-rotation) and after draft paths are kept, its rows are exactly quantize_int8 of what a float cache
+//     holds; the module's steps over it stay within the rule's reach of the float cache's, GQA included.
 #include <selfattn/attention.hpp>
 #include <selfattn/int8_attention.hpp>
+#include <selfattn/nn/multihead.hpp>
 #include <selfattn/quantized.hpp>
 
 #include "support/compare.hpp"
 #include "support/expect_error.hpp"
+#include "support/module_config.hpp"
 #include "support/random.hpp"
 #include "support/sanitizers.hpp"
 #include "support/sweep.hpp"
@@ -220,6 +227,132 @@ TEST(Int8KvDecode, MaskedNonFiniteBlocksDoNotLeak) {
     c.masks.opts.key_lengths = {300};  // unmasked, the NaN block reaches the output, as a float NaN would
     EXPECT_TRUE(has_nan(decode(c.int8_params(), path).first)) << "path " << static_cast<int>(path);
   }
+}
+
+// The rule's bound for one output row: scores move by at most Delta = scale sum_d |q_d| s_c(d) / 2 over the keys
+// (the largest over key rows, whatever the masks: a bound for the visible ones too), so the weights by a factor within
+// e^(+-2 Delta), and o moves by at most (e^(2 Delta) - 1) max |v| + max |v - v̂| (plus the float kernels' own rounding).
+TEST(Int8KvDecode, OutputsStayWithinTheRuleOfTheFloatKeysAndValues) {
+  Random random(806);
+  std::size_t index = 0;
+  double tightest = 1e30;
+  for (const Shape& s : decode_shapes())
+    for (MaskKind kind : mask_kinds) {
+      if (!test::sweep_case_runs(index++)) continue;
+      Int8Call c = make_call(s, kind, random);
+      // Against the float keys and values the int8 ones were made from (make_call keeps only x̂): make them again.
+      Tensor<float, 4> k = random.normal_tensor<float, 4>({s.batch, s.kv_heads, s.k_len, s.head_dim});
+      Tensor<float, 4> v = random.normal_tensor<float, 4>({s.batch, s.kv_heads, s.k_len, s.value_dim});
+      c.k8 = quantize_int8(k.view());
+      c.v8 = quantize_int8(v.view());
+      const auto exact = decode(detail::make_params<float>(c.q, k, v, c.masks.opts), DecodePath::general);
+      const auto int8 = decode(c.int8_params(), detail::decode_path(c.int8_params()));
+      const float scale = c.int8_params().scale;
+      for (Index b = 0; b < s.batch; ++b)
+        for (Index h = 0; h < s.heads; ++h) {
+          const Index kv = h / (s.heads / s.kv_heads);
+          double max_v = 0.0, v_error = 0.0;
+          for (Index j = 0; j < s.k_len; ++j)
+            for (Index e = 0; e < s.value_dim; ++e) {
+              max_v = std::max(max_v, std::abs(static_cast<double>(v(b, kv, j, e))));
+              v_error = std::max(v_error, static_cast<double>(c.v8.scales(b, kv, j, e / int8_block)) / 2.0);
+            }
+          for (Index i = 0; i < s.q_len; ++i) {
+            double delta = 0.0;
+            for (Index j = 0; j < s.k_len; ++j) {
+              double moved = 0.0;
+              for (Index d = 0; d < s.head_dim; ++d)
+                moved += std::abs(static_cast<double>(c.q(b, h, i, d))) *
+                         static_cast<double>(c.k8.scales(b, kv, j, d / int8_block)) / 2.0;
+              delta = std::max(delta, std::abs(static_cast<double>(scale)) * moved);
+            }
+            const double bound = std::expm1(2.0 * delta) * max_v + v_error + 1e-5 * (1.0 + max_v);
+            double error = 0.0;
+            for (Index e = 0; e < s.value_dim; ++e)
+              error = std::max(error, std::abs(static_cast<double>(int8.first(b, h, i, e)) - exact.first(b, h, i, e)));
+            EXPECT_LE(error, bound) << "b " << b << " h " << h << " i " << i;
+            if (error > 0.0) tightest = std::min(tightest, bound / error);
+          }
+        }
+    }
+  EXPECT_LT(tightest, 100.0);  // the bound is not vacuous: somewhere the error comes within 100x of it
+}
+
+// What an int8 cache holds, dequantised, against quantize_int8 of what a float cache given the same tokens holds.
+::testing::AssertionResult holds_quantised(const KVCache<float, std::int8_t>& int8, const KVCache<float>& wide) {
+  if (int8.lengths() != wide.lengths() || int8.positions() != wide.positions())
+    return ::testing::AssertionFailure() << "lengths or positions differ";
+  for (Index b = 0; b < int8.batch(); ++b) {
+    const Index length = int8.lengths()[static_cast<std::size_t>(b)];
+    for (const bool keys : {true, false}) {
+      const auto rows = keys ? wide.sequence_keys(b) : wide.sequence_values(b);
+      const auto stored = keys ? int8.sequence_keys(b) : int8.sequence_values(b);
+      const auto scales = keys ? int8.sequence_key_scales(b) : int8.sequence_value_scales(b);
+      const Index D = int8.head_dim();
+      std::vector<std::int8_t> q(static_cast<std::size_t>(D));
+      std::vector<bfloat16> s(static_cast<std::size_t>(int8_blocks(D)));
+      for (Index h = 0; h < int8.kv_heads(); ++h)
+        for (Index j = 0; j < length; ++j) {
+          quantize_int8_row(&rows(0, h, j, 0), D, q.data(), s.data());
+          for (Index d = 0; d < D; ++d)
+            if (dequantize_int8(&stored(0, h, j, 0), &scales(0, h, j, 0), d) != dequantize_int8(q.data(), s.data(), d))
+              return ::testing::AssertionFailure() << (keys ? "key" : "value") << " (" << b << ", " << h << ", " << j
+                                                   << ", " << d << ")";
+        }
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Steps over an int8 cache and a float cache side by side, token by token, under each policy: the caches' contents
+// agree exactly (holds_quantised) and the outputs within a tolerance the rule allows for these sizes (keys and
+// values of about unit size: score errors of a few 1e-3); a cache whose scales went astray would be off by far more.
+TEST(Int8KvCache, StepsUnderEveryPolicyHoldExactlyTheQuantisedTokens) {
+  Random random(807);
+  const MultiHeadAttention<float> mha(ModuleConfig(64, 4).kv_heads(2).rope(16), 808);
+  for (const CachePolicy& policy : {CachePolicy::keep_all(), CachePolicy::keep_all(40), CachePolicy::sliding_window(9),
+                                    CachePolicy::attention_sinks(3, 7)}) {
+    SCOPED_TRACE("window " + std::to_string(policy.window) + " sinks " + std::to_string(policy.sink_tokens));
+    auto int8 = mha.make_cache<std::int8_t>(2, policy);
+    auto wide = mha.make_cache(2, policy);
+    const Tensor<float, 3> prompt = random.normal_tensor<float, 3>({2, 5, 64});
+    Tensor<float, 3> y8 = mha.step(prompt, int8), y = mha.step(prompt, wide);
+    for (int t = 0; t < 30; ++t) {
+      EXPECT_TRUE(holds_quantised(int8, wide)) << "token " << t;
+      double error = 0.0, size = 0.0;
+      for (Index n = 0; n < y.size(); ++n) {
+        error = std::max(error, std::abs(static_cast<double>(y8.data()[n] - y.data()[n])));
+        size = std::max(size, std::abs(static_cast<double>(y.data()[n])));
+      }
+      EXPECT_LT(error, 0.03 * size) << "token " << t;
+      const Tensor<float, 3> token = random.normal_tensor<float, 3>({2, 1, 64});
+      y8 = mha.step(token, int8);
+      y = mha.step(token, wide);
+    }
+    EXPECT_TRUE(holds_quantised(int8, wide));
+  }
+}
+
+TEST(Int8KvCache, KeepsDraftPathsTruncatesAndCountsItsBytes) {
+  Random random(809);
+  const MultiHeadAttention<float> mha(ModuleConfig(64, 4).kv_heads(2), 810);
+  auto int8 = mha.make_cache<std::int8_t>(1);
+  auto wide = mha.make_cache(1);
+  const Tensor<float, 3> x = random.normal_tensor<float, 3>({1, 12, 64});
+  mha.step(x, int8);
+  mha.step(x, wide);
+  int8.keep_draft_path(0, 6, {1, 3, 4});
+  wide.keep_draft_path(0, 6, {1, 3, 4});
+  EXPECT_TRUE(holds_quantised(int8, wide));
+  int8.truncate(0, 7);
+  wide.truncate(0, 7);
+  EXPECT_TRUE(holds_quantised(int8, wide));
+  // D = 16: 16 int8 values and one bfloat16 scale per row, keys and values, (1, 2, capacity) rows.
+  const auto rows = static_cast<std::size_t>(2 * 2 * int8.capacity());
+  EXPECT_EQ(int8.memory_bytes(), rows * (16 + 2));
+  EXPECT_EQ(wide.memory_bytes(), rows * 16 * sizeof(float));
+  EXPECT_EQ(int8.key_scales().shape(), (std::array<Index, 4>{1, 2, int8.capacity(), 1}));
+  EXPECT_EQ(wide.key_scales().size(), 0);
 }
 
 }  // namespace

@@ -107,6 +107,9 @@ inline QuantizedTensor quantize_int8(const TensorView<const float, 4>& x) {
   return result;
 }
 
+/// \overload
+inline QuantizedTensor quantize_int8(const Tensor<float, 4>& x) { return quantize_int8(x.view()); }
+
 /// The floats x̂ that int8 `values` (B, H, L, D) with their `scales` (B, H, L, int8_blocks(D)) stand for, exactly.
 /// Throws ShapeError naming `scales` when its shape does not match.
 inline Tensor<float, 4> dequantize_int8(const TensorView<const std::int8_t, 4>& values,

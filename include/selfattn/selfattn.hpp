@@ -24,6 +24,7 @@
 #include <selfattn/errors.hpp>
 #include <selfattn/half_precision.hpp>
 #include <selfattn/heads.hpp>
+#include <selfattn/int8_attention.hpp>
 #include <selfattn/io/npy.hpp>
 #include <selfattn/io/state_dict.hpp>  // not io/safetensors.hpp: it needs nlohmann/json, include it yourself
 #include <selfattn/io/transformer_state_dict.hpp>
@@ -44,6 +45,7 @@
 #include <selfattn/plot/line_chart.hpp>
 #include <selfattn/positional.hpp>
 #include <selfattn/projection.hpp>
+#include <selfattn/quantized.hpp>
 #include <selfattn/tensor.hpp>
 #include <selfattn/train/adamw.hpp>
 #include <selfattn/train/cross_entropy.hpp>

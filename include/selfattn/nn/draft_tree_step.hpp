@@ -51,16 +51,13 @@ void attend_draft_tree(const TensorView<const T, 4>& q_rows, const KVCache<T, S>
                        const TensorView<const bool, 4>& tree_mask, const AttentionOptions<T>& logits,
                        const TensorView<T, 4>& heads, AttentionWorkspace<T>& workspace) {
   const Index drafts = q_rows.dim(2);
-  const auto keys_from = [](const TensorView<const S, 4>& plane, Index first, Index count) {
-    return TensorView<const S, 4>(plane.data() + first * plane.stride(2), {1, plane.dim(1), count, plane.dim(3)},
-                                  plane.strides());
-  };
   const auto attend = [&](Index first, Index count, const AttentionOptions<T>& opts) {
     AttentionPartial<T> part{Tensor<T, 4>({1, q_rows.dim(1), drafts, q_rows.dim(3)}),
                              Tensor<T, 3>({1, q_rows.dim(1), drafts})};
-    run_forward_stored(make_stored_params<T, S>(q_rows, keys_from(cache.sequence_keys(b), first, count),
-                                                keys_from(cache.sequence_values(b), first, count), opts),
-                       opts, ForwardOutputs<T>{part.out.view(), part.lse.view(), TensorView<T, 4>()}, workspace);
+    const TensorView<const S, 4> keys = cached_rows(cache.sequence_keys(b), first, count);
+    const TensorView<const S, 4> values = cached_rows(cache.sequence_values(b), first, count);
+    run_forward_stored(over_cached(make_stored_params<T, S>(q_rows, keys, values, opts), cache, b, first, count), opts,
+                       ForwardOutputs<T>{part.out.view(), part.lse.view(), TensorView<T, 4>()}, workspace);
     return part;
   };
   AttentionOptions<T> over_drafts = logits;

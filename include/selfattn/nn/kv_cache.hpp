@@ -11,14 +11,17 @@
 #pragma once
 
 #include <selfattn/detail/checked_size.hpp>
+#include <selfattn/detail/params.hpp>
 #include <selfattn/errors.hpp>
 #include <selfattn/half_precision.hpp>
 #include <selfattn/nn/module_workspace.hpp>
 #include <selfattn/positional.hpp>
+#include <selfattn/quantized.hpp>
 #include <selfattn/tensor.hpp>
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -53,9 +56,11 @@ struct CachePolicy {
 
 /// \brief Keys (after RoPE) and values of the tokens seen so far, per sequence and key/value head.
 ///
-/// T is the module's type (what append receives); S is the storage type of keys and values: T by default, or
-/// bfloat16 / float16 (with T = float) for half the memory and half the bytes each decode step reads. Keys and
-/// values are rounded to S once, to nearest even, when they are appended; attention reads them in place.
+/// T is the module's type (what append receives); S is the storage type of keys and values: T by default,
+/// bfloat16 / float16 (with T = float) for half the memory and half the bytes each decode step reads, or std::int8_t
+/// (with T = float) with a bfloat16 scale per block of 32 values (quantized.hpp): 17/64 of float's bytes. Keys and
+/// values are rounded to S once (to nearest even; int8: quantised by quantize_int8_row) when they are appended;
+/// attention reads them in place (docs/int8_cache.md for the int8 cache's error rule).
 ///
 /// Shapes: keys() and values() are (B, Hkv, capacity, D); sequence b's tokens are rows [0, lengths()[b]).
 /// \code
@@ -63,15 +68,19 @@ struct CachePolicy {
 /// Tensor<float, 3> y = mha.step(prompt, cache);     // prefill (B, L, E)
 /// y = mha.step(next_token, cache);                  // (B, 1, E); cache.length() == L + 1
 /// auto half = mha.make_cache<bfloat16>(2);          // KVCache<float, bfloat16>: 2 bytes per element
+/// auto int8 = mha.make_cache<std::int8_t>(2);       // KVCache<float, std::int8_t>: 1 byte, plus 2 per 32
 /// \endcode
 template <typename T, typename S = T>
 class KVCache {
-  static_assert(std::is_same_v<S, T> || (is_half_width_v<S> && std::is_same_v<T, float>),
-                "selfattn::KVCache<T, S>: S is T, or bfloat16 / float16 with T = float");
+  static_assert(std::is_same_v<S, T> ||
+                    ((is_half_width_v<S> || std::is_same_v<S, std::int8_t>) && std::is_same_v<T, float>),
+                "selfattn::KVCache<T, S>: S is T, or bfloat16 / float16 / std::int8_t with T = float");
 
  public:
   using value_type = T;    ///< what append takes and attention computes in
   using storage_type = S;  ///< what keys and values are stored as
+  /// Whether keys and values are int8 with block scales (S = std::int8_t).
+  static constexpr bool quantized = std::is_same_v<S, std::int8_t>;
 
   /// An empty cache for `batch` sequences of `kv_heads` key/value heads of dimension `head_dim` (usually made
   /// by MultiHeadAttention::make_cache). Throws std::invalid_argument naming `batch` (< 0), `kv_heads` or
@@ -118,12 +127,19 @@ class KVCache {
   TensorView<const S, 4> keys() const { return keys_; }
   /// Values, (B, Hkv, capacity, D).
   TensorView<const S, 4> values() const { return values_; }
+  /// The int8 cache's key scales, (B, Hkv, capacity, int8_blocks(D)): block c of key (b, h, j) is
+  /// keys()(b, h, j, 32c ..) times key_scales()(b, h, j, c). Empty for other storage types.
+  TensorView<const bfloat16, 4> key_scales() const { return key_scales_; }
+  /// The int8 cache's value scales, like key_scales().
+  TensorView<const bfloat16, 4> value_scales() const { return value_scales_; }
   /// The most token slots per sequence the cache can hold: its keys, values and sink keys together at most
   /// detail::max_object_size (PTRDIFF_MAX) bytes. A fixed or windowed capacity above it throws when constructed.
   Index max_capacity() const { return max_capacity_; }
-  /// Bytes held for keys, values and the copies of the sinks' keys as first rotated: what the policy bounds.
+  /// Bytes held for keys, values (with an int8 cache's scales) and the copies of the sinks' keys as first rotated:
+  /// what the policy bounds.
   std::size_t memory_bytes() const {
     return sizeof(S) * static_cast<std::size_t>(keys_.size() + values_.size()) +
+           sizeof(bfloat16) * static_cast<std::size_t>(key_scales_.size() + value_scales_.size()) +
            sizeof(T) * static_cast<std::size_t>(sink_keys_.size());
   }
   /// Forgets every token; keeps the allocation.
@@ -149,19 +165,27 @@ class KVCache {
                                                          std::to_string(tokens) + " tokens of " + planes_text("tokens"),
                                                          max_capacity_, "tokens"));
     if (tokens <= capacity()) return;
-    // Doubling cannot wrap: a slot takes 2 * sizeof(S) >= 4 bytes, so max_capacity_ is a quarter of Index's range.
+    // Doubling cannot wrap: a slot takes 2 * sizeof(S) >= 4 bytes (int8: counted as 68 per block), so max_capacity_
+    // is at most a quarter of Index's range.
     const Index grown = policy_.capacity > 0 ? policy_.capacity
                         : policy_.evicts()   ? std::max(tokens, window_slots())
                                              : std::max(tokens, std::min(2 * capacity(), max_capacity_));
     Tensor<S, 4> keys({batch_, kv_heads_, grown, head_dim_}), values({batch_, kv_heads_, grown, head_dim_});
+    Tensor<bfloat16, 4> key_scales(scales_shape(grown)), value_scales(scales_shape(grown));
     for (Index b = 0; b < batch_; ++b)
       for (Index h = 0; h < kv_heads_; ++h) {
         const Index rows = lengths_[static_cast<std::size_t>(b)];
         as_matrix(keys[b][h]).topRows(rows) = as_matrix(keys_[b][h]).topRows(rows);
         as_matrix(values[b][h]).topRows(rows) = as_matrix(values_[b][h]).topRows(rows);
+        if constexpr (quantized) {
+          as_matrix(key_scales[b][h]).topRows(rows) = as_matrix(key_scales_[b][h]).topRows(rows);
+          as_matrix(value_scales[b][h]).topRows(rows) = as_matrix(value_scales_[b][h]).topRows(rows);
+        }
       }
     keys_ = std::move(keys);
     values_ = std::move(values);
+    key_scales_ = std::move(key_scales);
+    value_scales_ = std::move(value_scales);
   }
 
   /// \brief Appends n tokens to sequence b: keys (after RoPE, at positions positions()[b] ..) and values, both
@@ -189,8 +213,8 @@ class KVCache {
     for (Index h = 0; h < kv_heads_; ++h)
       for (Index l = 0; l < n; ++l) {
         const Index slot = length + l;
-        detail::convert_row(&keys(h, l, 0), &keys_(b, h, slot, 0), head_dim_);
-        detail::convert_row(&values(h, l, 0), &values_(b, h, slot, 0), head_dim_);
+        store_row(&keys(h, l, 0), keys_, key_scales_, b, h, slot);
+        store_row(&values(h, l, 0), values_, value_scales_, b, h, slot);
         if (slot < policy_.sink_tokens) as_vector(sink_keys_[b][h][slot]) = as_vector(keys[h][l]);
       }
     length += n;
@@ -253,6 +277,11 @@ class KVCache {
       for (Index h = 0; h < kv_heads_; ++h) {
         std::copy_n(&keys_(b, h, from, 0), head_dim_, &keys_(b, h, to, 0));
         std::copy_n(&values_(b, h, from, 0), head_dim_, &values_(b, h, to, 0));
+        if constexpr (quantized) {
+          const Index blocks = int8_blocks(head_dim_);
+          std::copy_n(&key_scales_(b, h, from, 0), blocks, &key_scales_(b, h, to, 0));
+          std::copy_n(&value_scales_(b, h, from, 0), blocks, &value_scales_(b, h, to, 0));
+        }
       }
     }
     const Index kept = draft_start + static_cast<Index>(path.size());
@@ -269,6 +298,10 @@ class KVCache {
   TensorView<const S, 4> sequence_keys(Index b) const { return sequence(keys_, b); }
   /// Sequence b's cached values, (1, Hkv, lengths()[b], D).
   TensorView<const S, 4> sequence_values(Index b) const { return sequence(values_, b); }
+  /// The int8 cache's scales of sequence b's keys, (1, Hkv, lengths()[b], int8_blocks(D)); empty for other storage.
+  TensorView<const bfloat16, 4> sequence_key_scales(Index b) const { return sequence(key_scales_, b); }
+  /// The int8 cache's scales of sequence b's values, like sequence_key_scales.
+  TensorView<const bfloat16, 4> sequence_value_scales(Index b) const { return sequence(value_scales_, b); }
 
  private:
   // With a window, a sequence holds at most S + W tokens between appends and one more during a step.
@@ -291,14 +324,18 @@ class KVCache {
     });
   }
 
-  /// The most token slots per sequence whose keys and values, 2 * B * Hkv * slots * D * sizeof(S) bytes, plus
+  /// The most token slots per sequence whose keys and values, 2 * B * Hkv * slots * D * sizeof(S) bytes (int8: at most
+  /// 34 bytes per block of 32 values, with its scale), plus
   /// the sinks' keys, B * Hkv * sink_tokens * D * sizeof(T) bytes, fit in detail::max_object_size bytes. Throws
   /// std::length_error naming `head_dim` when not even one slot does, `policy.sink_tokens` when the sinks do not.
   /// B counts as 1 at least: an empty batch's planes still have strides that multiply the other extents.
   Index checked_max_capacity() const {
     const Index limit = detail::max_object_size, rows = std::max<Index>(batch_, 1);
-    const Index slot_bytes = detail::checked_product(
-        std::array<Index, 4>{rows, kv_heads_, head_dim_, static_cast<Index>(2 * sizeof(S))}, limit, [&] {
+    // int8: counted as whole blocks of 34 bytes (32 values and a bfloat16 scale), which bounds D + 2 ceil(D / 32).
+    const std::array<Index, 4> slot =
+        quantized ? std::array<Index, 4>{rows, kv_heads_, int8_blocks(head_dim_), 2 * (int8_block + 2)}
+                  : std::array<Index, 4>{rows, kv_heads_, head_dim_, static_cast<Index>(2 * sizeof(S))};
+    const Index slot_bytes = detail::checked_product(slot, limit, [&] {
           return detail::size_limit_message("KVCache", "head_dim",
                                             "one token slot of " + planes_text("1") + ", in bytes,", limit, "bytes");
         });
@@ -339,16 +376,36 @@ class KVCache {
   void allocate(Index capacity) {
     keys_ = Tensor<S, 4>({batch_, kv_heads_, capacity, head_dim_});
     values_ = Tensor<S, 4>({batch_, kv_heads_, capacity, head_dim_});
+    key_scales_ = Tensor<bfloat16, 4>(scales_shape(capacity));
+    value_scales_ = Tensor<bfloat16, 4>(scales_shape(capacity));
     if (policy_.sink_tokens > 0) {
       sink_keys_ = Tensor<T, 4>({batch_, kv_heads_, policy_.sink_tokens, head_dim_});
       rotated_sink_.resize(static_cast<std::size_t>(head_dim_));
     }
   }
 
-  TensorView<const S, 4> sequence(const Tensor<S, 4>& plane, Index b) const {
-    return TensorView<const S, 4>(plane.data() + b * plane.view().stride(0),
-                                  {1, kv_heads_, lengths_[static_cast<std::size_t>(b)], head_dim_},
+  /// The shape of an int8 cache's scale planes at `capacity` slots: (B, Hkv, capacity, int8_blocks(D)); empty for
+  /// other storage.
+  std::array<Index, 4> scales_shape(Index capacity) const {
+    if constexpr (quantized) return {batch_, kv_heads_, capacity, int8_blocks(head_dim_)};
+    static_cast<void>(capacity);
+    return {0, 0, 0, 0};
+  }
+
+  template <typename U>
+  TensorView<const U, 4> sequence(const Tensor<U, 4>& plane, Index b) const {
+    if (plane.dim(1) == 0) return {};  // the scales of a cache that is not int8: none
+    return TensorView<const U, 4>(plane.data() + b * plane.view().stride(0),
+                                  {1, kv_heads_, lengths_[static_cast<std::size_t>(b)], plane.dim(3)},
                                   plane.view().strides());
+  }
+
+  /// Stores one row of D values at slot (b, h, slot): rounded to S, or quantised with its block scales (int8).
+  void store_row(const T* row, Tensor<S, 4>& plane, Tensor<bfloat16, 4>& scales, Index b, Index h, Index slot) {
+    if constexpr (quantized)
+      quantize_int8_row(row, head_dim_, &plane(b, h, slot, 0), &scales(b, h, slot, 0));
+    else
+      detail::convert_row(row, &plane(b, h, slot, 0), head_dim_);
   }
 
   /// Drops sequence b's oldest non-sink tokens beyond the window. Positions stay positions within the cache:
@@ -361,12 +418,11 @@ class KVCache {
     Index& length = lengths_[static_cast<std::size_t>(b)];
     if (length <= sinks + window) return;
     const Index dropped = length - (sinks + window);
-    for (Index h = 0; h < kv_heads_; ++h)
-      for (Tensor<S, 4>* plane : {&keys_, &values_}) {
-        S* base = plane->data() + (b * kv_heads_ + h) * plane->dim(2) * head_dim_;
-        std::memmove(base + sinks * head_dim_, base + (sinks + dropped) * head_dim_,
-                     static_cast<std::size_t>(window * head_dim_) * sizeof(S));
-      }
+    for (Index h = 0; h < kv_heads_; ++h) {
+      for (Tensor<S, 4>* plane : {&keys_, &values_}) drop_rows(*plane, b, h, sinks, dropped, window);
+      if constexpr (quantized)
+        for (Tensor<bfloat16, 4>* plane : {&key_scales_, &value_scales_}) drop_rows(*plane, b, h, sinks, dropped, window);
+    }
     length = sinks + window;
     if (!rope || sinks == 0) return;
     const Index evicted = seen_[static_cast<std::size_t>(b)] - length;
@@ -375,18 +431,53 @@ class KVCache {
       for (Index s = 0; s < sinks; ++s) {
         std::copy(&sink_keys_(b, h, s, 0), &sink_keys_(b, h, s, 0) + head_dim_, rotated_sink_.data());
         rope->apply(TensorView<T, 4>(rotated_sink_.data(), {1, 1, 1, head_dim_}), evicted);
-        detail::convert_row(rotated_sink_.data(), &keys_(b, h, s, 0), head_dim_);
+        store_row(rotated_sink_.data(), keys_, key_scales_, b, h, s);
       }
+  }
+
+  /// Moves rows [sinks + dropped, sinks + dropped + window) of plane (b, h) down to row `sinks`.
+  template <typename U>
+  static void drop_rows(Tensor<U, 4>& plane, Index b, Index h, Index sinks, Index dropped, Index window) {
+    const Index width = plane.dim(3);
+    U* base = plane.data() + (b * plane.dim(1) + h) * plane.dim(2) * width;
+    std::memmove(base + sinks * width, base + (sinks + dropped) * width,
+                 static_cast<std::size_t>(window * width) * sizeof(U));
   }
 
   CachePolicy policy_;
   Index batch_, kv_heads_, head_dim_;
   Index max_capacity_ = 0;  // token slots per sequence that fit in memory's limit: checked_max_capacity()
   Tensor<S, 4> keys_, values_;
+  Tensor<bfloat16, 4> key_scales_, value_scales_;  // int8 storage: a scale per block of 32 (quantized.hpp); else empty
   Tensor<T, 4> sink_keys_;  // the sinks' keys as first rotated (at their own positions), in T, see evict()
   std::vector<T> rotated_sink_;  // one sink key re-rotated in T before it is stored (evict)
   std::vector<Index> lengths_, seen_;
   MhaWorkspace<T> workspace_;  // step_into's buffers
 };
+
+namespace detail {
+
+/// Rows [first, first + count) of a (1, Hkv, L, width) view of one sequence.
+template <typename U>
+TensorView<const U, 4> cached_rows(const TensorView<const U, 4>& plane, Index first, Index count) {
+  return TensorView<const U, 4>(plane.data() + first * plane.stride(2), {1, plane.dim(1), count, plane.dim(3)},
+                                plane.strides());
+}
+
+/// Kernel parameters over sequence b's cached keys and values [first, first + count) of `cache`: `p` (q, options)
+/// with k, v and, for an int8 cache, their block scales.
+template <typename T, typename S>
+AttentionParams<T, S> over_cached(AttentionParams<T, S> p, const KVCache<T, S>& cache, Index b, Index first,
+                                  Index count) {
+  p.k = cached_rows(cache.sequence_keys(b), first, count);
+  p.v = cached_rows(cache.sequence_values(b), first, count);
+  if constexpr (KVCache<T, S>::quantized) {
+    p.k_scales = cached_rows(cache.sequence_key_scales(b), first, count);
+    p.v_scales = cached_rows(cache.sequence_value_scales(b), first, count);
+  }
+  return p;
+}
+
+}  // namespace detail
 
 }  // namespace selfattn

@@ -135,7 +135,8 @@ class MultiHeadAttention {
   /// auto half = mha.make_cache<bfloat16>(1);   // KVCache<float, bfloat16>: keys and values in 16 bits
   /// \endcode
   /// `S` is the storage type of keys and values: T (default), or bfloat16 / float16 for a float module (half the
-  /// memory; each decode step reads half the bytes; see docs/half_precision.md for what is rounded where).
+  /// memory; each decode step reads half the bytes; see docs/half_precision.md for what is rounded where), or
+  /// std::int8_t with a bfloat16 scale per block of 32 (17/64 of float's bytes; docs/int8_cache.md).
   template <typename S = T>
   KVCache<T, S> make_cache(Index batch, const CachePolicy& policy = {}) const {
     return KVCache<T, S>(batch, config_.num_kv_heads, head_dim_, policy);
@@ -550,9 +551,9 @@ class MultiHeadAttention {
           // goes to the kernels as it is.
           detail::options_for_sequence(attention_opts, b, l0, rows, keys, ws.sequence_options);
           const TensorView<const T, 4> q_rows = detail::rows_of(q, b, l0, rows);
-          detail::run_forward_stored(detail::make_stored_params<T, S>(q_rows, cache.sequence_keys(b),
-                                                                      cache.sequence_values(b), ws.sequence_options),
-                                     ws.sequence_options,
+          const auto params = detail::make_stored_params<T, S>(q_rows, cache.sequence_keys(b),
+                                                               cache.sequence_values(b), ws.sequence_options);
+          detail::run_forward_stored(detail::over_cached(params, cache, b, 0, keys), ws.sequence_options,
                                      detail::ForwardOutputs<T>{detail::rows_of(attention, b, l0, rows),
                                                                detail::rows_of(lse, b, l0, rows), TensorView<T, 4>()},
                                      ws.attention);
