@@ -16,7 +16,11 @@
 //      head dim 128, 32k cached tokens): tokens per second, cache memory (memory_bytes and the resident memory
 //      a 64k-token cache adds), and the largest difference between the two caches' outputs. Exit 1 unless the
 //      16-bit cache takes half the bytes and its outputs stay within bfloat16 rounding of the float cache's; and
-//      with the projection weights in bfloat16 too (params_cast, step_into_with), every byte a step reads is 16-bit.
+//      with the projection weights in bfloat16 too (params_cast, step_into_with), every byte a step reads is 16-bit;
+//      and an int8 cache (make_cache<std::int8_t>: a bfloat16 scale per block of 32, docs/int8_cache.md) beside them:
+//      exit 1 unless it takes 17/64 of the float cache's bytes and its outputs stay within twice the bfloat16
+//      cache's allowance (an int8 step is absmax / 127 of its block, about a bfloat16 rounding of the block's largest
+//      value, where bfloat16 rounds each element relative to itself).
 //      `--quick` (what ctest runs): 4k cached tokens and an 8k-token cache measured, instead of 32k and 64k;
 //   6. a whole decoder (4 GPT-style layers of E = 1024 and a final norm, TransformerStack) with float parameters,
 //      caches and tokens against bfloat16 parameters, caches and tokens in and out (params_cast,
@@ -31,6 +35,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -279,7 +284,7 @@ Index first_divergence(const Generation& a, const Generation& b) {
   return -1;
 }
 
-// ---- 5. a float and a bfloat16 cache --------------------------------------------------------------------------
+// ---- 5. float, bfloat16 and int8 caches ---------------------------------------------------------------------------
 
 /// Resident memory of this process in bytes (Linux /proc/self/statm), or -1 where it cannot be read.
 double resident_bytes() {
@@ -301,7 +306,7 @@ std::pair<double, std::size_t> cache_footprint(const MultiHeadAttention<float>& 
 
 /// The two caches side by side on one layer of a real model's size: the same cached keys and values (random,
 /// appended directly: a prefill would only make them meaningful, not faster to read), the same new tokens.
-bool compare_float_and_bfloat16_caches(Index cached_tokens, Index measured_tokens) {
+bool compare_cache_storage_types(Index cached_tokens, Index measured_tokens) {
   constexpr Index big_heads = 8, head_dim = 128, big_embed = big_heads * head_dim, timed = 25;
   MultiHeadAttentionConfig cfg;
   cfg.embed_dim = big_embed;
@@ -315,6 +320,7 @@ bool compare_float_and_bfloat16_caches(Index cached_tokens, Index measured_token
   // The third: a bfloat16 cache and bfloat16 projection weights (every byte a step reads is 16-bit).
   KVCache<float, bfloat16> all_half = layer.make_cache<bfloat16>(1, policy);
   const MhaParams<bfloat16> half_weights = params_cast<bfloat16>(layer.params());
+  KVCache<float, std::int8_t> int8 = layer.make_cache<std::int8_t>(1, policy);
   std::mt19937 random(5);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const Index chunk = 1024;
@@ -325,12 +331,13 @@ bool compare_float_and_bfloat16_caches(Index cached_tokens, Index measured_token
     wide.append(0, keys, values);  // the float cache stores them as they are,
     half.append(0, keys, values);  // the bfloat16 cache rounds each once
     all_half.append(0, keys, values);
+    int8.append(0, keys, values);  // the int8 cache quantises each row, a scale per block of 32
   }
   // Tokens per second over the same new tokens, the two caches taking turns (a busy moment slows both alike).
   Tensor<float, 3> token({1, 1, big_embed}), out_wide({1, 1, big_embed}), out_half({1, 1, big_embed});
-  Tensor<float, 3> out_all_half({1, 1, big_embed});
-  std::vector<double> wide_us, half_us, all_half_us;
-  double worst = 0, worst_all_half = 0, scale = 0;
+  Tensor<float, 3> out_all_half({1, 1, big_embed}), out_int8({1, 1, big_embed});
+  std::vector<double> wide_us, half_us, all_half_us, int8_us;
+  double worst = 0, worst_all_half = 0, worst_int8 = 0, scale = 0;
   for (Index t = 0; t < timed; ++t) {
     for (Index n = 0; n < token.size(); ++n) token.data()[n] = normal(random);
     auto start = std::chrono::steady_clock::now();
@@ -342,16 +349,21 @@ bool compare_float_and_bfloat16_caches(Index cached_tokens, Index measured_token
     start = std::chrono::steady_clock::now();
     layer.step_into_with(half_weights, token, all_half, out_all_half.view());
     all_half_us.push_back(microseconds_since(start));
+    start = std::chrono::steady_clock::now();
+    layer.step_into(token, int8, out_int8.view());
+    int8_us.push_back(microseconds_since(start));
     for (Index n = 0; n < out_wide.size(); ++n) {
       worst = std::max(worst, std::abs(static_cast<double>(out_half.data()[n]) - out_wide.data()[n]));
       worst_all_half = std::max(worst_all_half, std::abs(static_cast<double>(out_all_half.data()[n]) - out_wide.data()[n]));
+      worst_int8 = std::max(worst_int8, std::abs(static_cast<double>(out_int8.data()[n]) - out_wide.data()[n]));
       scale = std::max(scale, std::abs(static_cast<double>(out_wide.data()[n])));
     }
   }
   const double wide_rate = 1e6 / median(wide_us), half_rate = 1e6 / median(half_us);
-  const double all_half_rate = 1e6 / median(all_half_us);
+  const double all_half_rate = 1e6 / median(all_half_us), int8_rate = 1e6 / median(int8_us);
   const auto [wide_resident, wide_bytes] = cache_footprint<float>(layer, measured_tokens);
   const auto [half_resident, half_bytes] = cache_footprint<bfloat16>(layer, measured_tokens);
+  const auto [int8_resident, int8_bytes] = cache_footprint<std::int8_t>(layer, measured_tokens);
   const double mib = 1024.0 * 1024.0;
   std::printf("layer: E = %td, H = Hkv = %td, head dim %td; %td cached tokens, then %td new ones (median)\n", big_embed,
               big_heads, head_dim, cached_tokens, timed);
@@ -366,6 +378,8 @@ bool compare_float_and_bfloat16_caches(Index cached_tokens, Index measured_token
               half_bytes / mib, half_resident / mib);
   std::printf("%-10s | %10.1f | %14.1f |  (a bfloat16 cache, and the projection weights in bfloat16 too)\n",
               "+ weights", all_half_rate, all_half.memory_bytes() / mib);
+  std::printf("%-10s | %10.1f | %14.1f | %22.1f | %24.1f\n", "int8", int8_rate, int8.memory_bytes() / mib,
+              int8_bytes / mib, int8_resident / mib);
   std::printf("bfloat16 / float: %.2fx the tokens per second, %.3fx the bytes (%td-token caches %.3fx resident)\n",
               half_rate / wide_rate, static_cast<double>(half.memory_bytes()) / wide.memory_bytes(),
               measured_tokens, half_resident / wide_resident);
@@ -384,7 +398,18 @@ bool compare_float_and_bfloat16_caches(Index cached_tokens, Index measured_token
               allowed_all_half, worst_all_half <= allowed_all_half ? "(ok)" : "(FAILED)");
   const bool half_the_bytes = 2 * half.memory_bytes() == wide.memory_bytes() && 2 * half_bytes == wide_bytes;
   std::printf("the bfloat16 cache holds exactly half the bytes: %s\n", half_the_bytes ? "(ok)" : "(FAILED)");
-  return worst <= allowed && worst_all_half <= allowed_all_half && half_the_bytes;
+  std::printf("int8 / float: %.2fx the tokens per second, %.3fx the bytes; int8 / bfloat16: %.2fx the tokens per "
+              "second\n", int8_rate / wide_rate, static_cast<double>(int8.memory_bytes()) / wide.memory_bytes(),
+              int8_rate / half_rate);
+  // An int8 step is absmax / 127 of its block of 32: about a bfloat16 rounding of the block's largest value.
+  const double allowed_int8 = 2.0 * allowed;
+  std::printf("int8 cache: max |output difference| %.2e (allowed %.2e) %s\n", worst_int8, allowed_int8,
+              worst_int8 <= allowed_int8 ? "(ok)" : "(FAILED)");
+  // 128 int8 values and 4 bfloat16 scales per row against 128 floats: 136 / 512 = 17 / 64.
+  const bool int8_bytes_ok = 64 * int8.memory_bytes() == 17 * wide.memory_bytes() && 64 * int8_bytes == 17 * wide_bytes;
+  std::printf("the int8 cache holds exactly 17/64 of the float cache's bytes: %s\n", int8_bytes_ok ? "(ok)" : "(FAILED)");
+  return worst <= allowed && worst_all_half <= allowed_all_half && half_the_bytes && worst_int8 <= allowed_int8 &&
+         int8_bytes_ok;
 }
 
 // ---- 6. a whole decoder in 16 bits -----------------------------------------------------------------------------
@@ -519,7 +544,7 @@ int main(int argc, char** argv) {
 
   std::printf("\n== 5. a float and a bfloat16 cache side by side\n");
   const Index divisor = quick ? quick_divisor : 1;
-  ok = compare_float_and_bfloat16_caches(half_cache_tokens / divisor, resident_cache_tokens / divisor) && ok;
+  ok = compare_cache_storage_types(half_cache_tokens / divisor, resident_cache_tokens / divisor) && ok;
 
   std::printf("\n== 6. a whole decoder in bfloat16: weights, caches, tokens in and out\n");
   ok = compare_float_and_bfloat16_decoder(decoder_cache_tokens / divisor) && ok;

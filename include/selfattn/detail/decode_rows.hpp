@@ -104,15 +104,13 @@ void empty_partial(const DecodePartial<T>& part, Index lanes, Index value_dim) {
   std::fill(part.acc, part.acc + lanes * value_dim, T(0));
 }
 
-/// The block scales of rows of int8 storage (quantized.hpp): block c of row j at data[j * ld + c], as stored
-/// (bfloat16) or widened to float for a chunk (the streaming path). Other storage has none (data null), and the
-/// readers ignore them.
-template <typename Scale = bfloat16>
+/// The block scales of rows of int8 storage (quantized.hpp): block c of row j at data[j * ld + c]. Other storage
+/// has none (data null), and the readers ignore them.
 struct RowScales {
-  const Scale* data = nullptr;
+  const bfloat16* data = nullptr;
   Index ld = 0;
 
-  const Scale* row(Index j) const { return data ? data + j * ld : nullptr; }
+  const bfloat16* row(Index j) const { return data ? data + j * ld : nullptr; }
 };
 
 /// Where one chunk's keys are: rows [lo, hi) of this (batch, key/value head)'s K and V, and the keys of the next
@@ -128,8 +126,8 @@ struct DecodeChunk {
   Index hi;       ///< one past the last
   Index next_end; ///< one past the last key of the next chunk some row sees
   bool masked;    ///< some row does not see every key of [lo, hi)
-  RowScales<> k_scales = {};  ///< KV = std::int8_t: the scales of key row 0 (row j's at k_scales.row(j)); else none
-  RowScales<> v_scales = {};  ///< KV = std::int8_t: the scales of value row 0
+  RowScales k_scales = {};  ///< KV = std::int8_t: the scales of key row 0 (row j's at k_scales.row(j)); else none
+  RowScales v_scales = {};  ///< KV = std::int8_t: the scales of value row 0
 };
 
 }  // namespace selfattn::detail
