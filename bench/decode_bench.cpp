@@ -145,7 +145,9 @@ struct Int8Step {
   selfattn::detail::AttentionParams<float, std::int8_t> params;
 
   Int8Step(Index keys, Index heads, Index kv_heads)
-      : q(filled<4>({1, heads, 1, head_dim})), out({1, heads, 1, head_dim}), lse({1, heads, 1}),
+      : q(filled<4>({1, heads, 1, head_dim})),
+        out({1, heads, 1, head_dim}),
+        lse({1, heads, 1}),
         k(selfattn::quantize_int8(filled<4>({1, kv_heads, keys, head_dim}))),
         v(selfattn::quantize_int8(filled<4>({1, kv_heads, keys, head_dim}))),
         params(selfattn::detail::make_stored_params<float, std::int8_t>(q, k.values, v.values, opts)) {
@@ -159,7 +161,8 @@ struct Int8Step {
 
 // Bytes of K and V one int8 decode step reads: the int8 values and their bfloat16 scales.
 double int8_kv_bytes(Index keys, Index kv_heads) {
-  return kv_bytes(keys, kv_heads, 1.0) + 2.0 * static_cast<double>(kv_heads * keys * selfattn::int8_blocks(head_dim)) * 2.0;
+  return kv_bytes(keys, kv_heads, 1.0) +
+         2.0 * static_cast<double>(kv_heads * keys * selfattn::int8_blocks(head_dim)) * 2.0;
 }
 
 void BM_decode_kernel_int8(benchmark::State& state) {

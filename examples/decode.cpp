@@ -398,16 +398,18 @@ bool compare_cache_storage_types(Index cached_tokens, Index measured_tokens) {
               allowed_all_half, worst_all_half <= allowed_all_half ? "(ok)" : "(FAILED)");
   const bool half_the_bytes = 2 * half.memory_bytes() == wide.memory_bytes() && 2 * half_bytes == wide_bytes;
   std::printf("the bfloat16 cache holds exactly half the bytes: %s\n", half_the_bytes ? "(ok)" : "(FAILED)");
-  std::printf("int8 / float: %.2fx the tokens per second, %.3fx the bytes; int8 / bfloat16: %.2fx the tokens per "
-              "second\n", int8_rate / wide_rate, static_cast<double>(int8.memory_bytes()) / wide.memory_bytes(),
-              int8_rate / half_rate);
+  std::printf(
+      "int8 / float: %.2fx the tokens per second, %.3fx the bytes; int8 / bfloat16: %.2fx the tokens per "
+      "second\n",
+      int8_rate / wide_rate, static_cast<double>(int8.memory_bytes()) / wide.memory_bytes(), int8_rate / half_rate);
   // An int8 step is absmax / 127 of its block of 32: about a bfloat16 rounding of the block's largest value.
   const double allowed_int8 = 2.0 * allowed;
   std::printf("int8 cache: max |output difference| %.2e (allowed %.2e) %s\n", worst_int8, allowed_int8,
               worst_int8 <= allowed_int8 ? "(ok)" : "(FAILED)");
   // 128 int8 values and 4 bfloat16 scales per row against 128 floats: 136 / 512 = 17 / 64.
   const bool int8_bytes_ok = 64 * int8.memory_bytes() == 17 * wide.memory_bytes() && 64 * int8_bytes == 17 * wide_bytes;
-  std::printf("the int8 cache holds exactly 17/64 of the float cache's bytes: %s\n", int8_bytes_ok ? "(ok)" : "(FAILED)");
+  std::printf("the int8 cache holds exactly 17/64 of the float cache's bytes: %s\n",
+              int8_bytes_ok ? "(ok)" : "(FAILED)");
   return worst <= allowed && worst_all_half <= allowed_all_half && half_the_bytes && worst_int8 <= allowed_int8 &&
          int8_bytes_ok;
 }

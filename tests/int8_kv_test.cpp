@@ -9,7 +9,8 @@
 //   - calls of more rows than the decode kernel takes (the fused and reference kernels) equal the float call on x̂ too;
 //   - a masked key whose block is NaN never reaches the output;
 //   - against the float keys and values themselves, each output row within the bound the rule gives
-//     (docs/int8_cache.md): (e^(2 Delta) - 1) max |v| + max |v - v̂|, Delta the largest score error the key scales allow;
+//     (docs/int8_cache.md): (e^(2 Delta) - 1) max |v| + max |v - v̂|, Delta the largest score error the key scales
+//     allow;
 //   - the cache (KVCache<float, std::int8_t>): under every policy (keep all, growing; a sliding window; attention sinks
 //     with RoPE re-rotation) and after draft paths are kept, its rows are exactly quantize_int8 of what a float cache
 //     holds; the module's steps over it stay within the rule's reach of the float cache's, GQA included.
@@ -59,8 +60,8 @@ TEST(Int8Quantization, FollowsTheErrorRuleAtEveryMagnitude) {
         // 2^-133, the smallest bfloat16: the scales of blocks below 127 * 2^-126 are subnormal, of that granularity
         EXPECT_LE(s, absmax / 127.0 * (1.0 + std::ldexp(1.0, -7)) + std::ldexp(1.0, -133)) << "magnitude " << magnitude;
         for (Index i = c * int8_block; i < std::min(n, (c + 1) * int8_block); ++i) {
-          const double error =
-              std::abs(static_cast<double>(x[static_cast<std::size_t>(i)]) - dequantize_int8(q.data(), scales.data(), i));
+          const double error = std::abs(static_cast<double>(x[static_cast<std::size_t>(i)]) -
+                                        dequantize_int8(q.data(), scales.data(), i));
           EXPECT_LE(error, s / 2.0 * (1.0 + std::ldexp(1.0, -16))) << "magnitude " << magnitude << " i " << i;
           EXPECT_GE(q[static_cast<std::size_t>(i)], -127);
         }
@@ -139,8 +140,9 @@ Int8Call make_call(const Shape& s, MaskKind kind, Random& random) {
 // out and lse of the decode kernel forced onto `path`.
 template <typename KV>
 std::pair<Tensor<float, 4>, Tensor<float, 3>> decode(const detail::AttentionParams<float, KV>& p, DecodePath path) {
-  std::pair<Tensor<float, 4>, Tensor<float, 3>> result{Tensor<float, 4>({p.batch(), p.heads(), p.q_len(), p.value_dim()}),
-                                                       Tensor<float, 3>({p.batch(), p.heads(), p.q_len()})};
+  std::pair<Tensor<float, 4>, Tensor<float, 3>> result{
+      Tensor<float, 4>({p.batch(), p.heads(), p.q_len(), p.value_dim()}),
+      Tensor<float, 3>({p.batch(), p.heads(), p.q_len()})};
   result.first.fill(std::numeric_limits<float>::quiet_NaN());  // every element must be written
   detail::decode_forward(p, detail::ForwardOutputs<float>{result.first.view(), result.second.view(), {}}, path);
   return result;
@@ -296,8 +298,8 @@ TEST(Int8KvDecode, OutputsStayWithinTheRuleOfTheFloatKeysAndValues) {
           quantize_int8_row(&rows(0, h, j, 0), D, q.data(), s.data());
           for (Index d = 0; d < D; ++d)
             if (dequantize_int8(&stored(0, h, j, 0), &scales(0, h, j, 0), d) != dequantize_int8(q.data(), s.data(), d))
-              return ::testing::AssertionFailure() << (keys ? "key" : "value") << " (" << b << ", " << h << ", " << j
-                                                   << ", " << d << ")";
+              return ::testing::AssertionFailure()
+                     << (keys ? "key" : "value") << " (" << b << ", " << h << ", " << j << ", " << d << ")";
         }
     }
   }

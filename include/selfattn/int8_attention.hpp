@@ -42,10 +42,11 @@ inline AttentionForward<float> sdpa_forward_int8(const TensorView<const float, 4
   p.k_scales = k.scales;
   p.v_scales = v.scales;
   AttentionWorkspace<float> workspace;
-  detail::run_forward_stored(p, opts,
-                             detail::ForwardOutputs<float>{result.out.view(), result.lse.view(),
-                                                           opts.need_weights ? result.weights.view() : TensorView<float, 4>()},
-                             workspace);
+  detail::run_forward_stored(
+      p, opts,
+      detail::ForwardOutputs<float>{result.out.view(), result.lse.view(),
+                                    opts.need_weights ? result.weights.view() : TensorView<float, 4>()},
+      workspace);
   return result;
 }
 

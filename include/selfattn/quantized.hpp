@@ -13,9 +13,8 @@
 /// would hold a non-finite value there; attention never lets a masked one through). docs/int8_cache.md derives
 /// what the rule means for attention's outputs.
 /// \code
-/// QuantizedTensor k8 = quantize_int8(k.view());           // k (B, H, L, D) -> values (B, H, L, D), scales (B, H, L, ceil(D / 32))
-/// Tensor<float, 4> back = dequantize_int8(k8.values.view(), k8.scales.view());   // x̂, exactly
-/// \endcode
+/// QuantizedTensor k8 = quantize_int8(k.view());           // k (B, H, L, D) -> values (B, H, L, D), scales (B, H, L,
+/// ceil(D / 32)) Tensor<float, 4> back = dequantize_int8(k8.values.view(), k8.scales.view());   // x̂, exactly \endcode
 #pragma once
 
 #include <selfattn/errors.hpp>

@@ -113,6 +113,12 @@ struct RowScales {
   const bfloat16* row(Index j) const { return data ? data + j * ld : nullptr; }
 };
 
+/// The scales of (batch b, key/value head h)'s rows in a (B, Hkv, L, blocks) scale tensor; none when it is empty.
+inline RowScales row_scales(const TensorView<const bfloat16, 4>& scales, Index b, Index h) {
+  if (!scales.data()) return {};
+  return {scales.data() + b * scales.stride(0) + h * scales.stride(1), scales.stride(2)};
+}
+
 /// Where one chunk's keys are: rows [lo, hi) of this (batch, key/value head)'s K and V, and the keys of the next
 /// chunk some row may see, [hi, next_end), which a path may prefetch while it computes this one. KV: the storage
 /// type of keys and values (T, 16 bits widened as they are read, or int8 dequantised as they are read).

@@ -73,7 +73,7 @@ struct CachePolicy {
 template <typename T, typename S = T>
 class KVCache {
   static_assert(std::is_same_v<S, T> ||
-                    ((is_half_width_v<S> || std::is_same_v<S, std::int8_t>) && std::is_same_v<T, float>),
+                    ((is_half_width_v<S> || std::is_same_v<S, std::int8_t>)&&std::is_same_v<T, float>),
                 "selfattn::KVCache<T, S>: S is T, or bfloat16 / float16 / std::int8_t with T = float");
 
  public:
@@ -335,7 +335,8 @@ class KVCache {
     const std::array<Index, 4> slot =
         quantized ? std::array<Index, 4>{rows, kv_heads_, int8_blocks(head_dim_), 2 * (int8_block + 2)}
                   : std::array<Index, 4>{rows, kv_heads_, head_dim_, static_cast<Index>(2 * sizeof(S))};
-    const Index slot_bytes = detail::checked_product(slot, limit, [&] {
+    const Index slot_bytes =
+        detail::checked_product(slot, limit, [&] {
           return detail::size_limit_message("KVCache", "head_dim",
                                             "one token slot of " + planes_text("1") + ", in bytes,", limit, "bytes");
         });
@@ -421,7 +422,8 @@ class KVCache {
     for (Index h = 0; h < kv_heads_; ++h) {
       for (Tensor<S, 4>* plane : {&keys_, &values_}) drop_rows(*plane, b, h, sinks, dropped, window);
       if constexpr (quantized)
-        for (Tensor<bfloat16, 4>* plane : {&key_scales_, &value_scales_}) drop_rows(*plane, b, h, sinks, dropped, window);
+        for (Tensor<bfloat16, 4>* plane : {&key_scales_, &value_scales_})
+          drop_rows(*plane, b, h, sinks, dropped, window);
     }
     length = sinks + window;
     if (!rope || sinks == 0) return;

@@ -551,8 +551,8 @@ class MultiHeadAttention {
           // goes to the kernels as it is.
           detail::options_for_sequence(attention_opts, b, l0, rows, keys, ws.sequence_options);
           const TensorView<const T, 4> q_rows = detail::rows_of(q, b, l0, rows);
-          const auto params = detail::make_stored_params<T, S>(q_rows, cache.sequence_keys(b),
-                                                               cache.sequence_values(b), ws.sequence_options);
+          const auto params = detail::make_stored_params<T, S>(q_rows, cache.sequence_keys(b), cache.sequence_values(b),
+                                                               ws.sequence_options);
           detail::run_forward_stored(detail::over_cached(params, cache, b, 0, keys), ws.sequence_options,
                                      detail::ForwardOutputs<T>{detail::rows_of(attention, b, l0, rows),
                                                                detail::rows_of(lse, b, l0, rows), TensorView<T, 4>()},
