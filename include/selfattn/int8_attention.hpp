@@ -6,6 +6,7 @@
 #include <selfattn/attention.hpp>
 #include <selfattn/quantized.hpp>
 
+#include <array>
 #include <cstdint>
 
 namespace selfattn {
