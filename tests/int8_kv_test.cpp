@@ -254,18 +254,23 @@ TEST(Int8KvDecode, OutputsStayWithinTheRuleOfTheFloatKeysAndValues) {
         for (Index h = 0; h < s.heads; ++h) {
           const Index kv = h / (s.heads / s.kv_heads);
           double max_v = 0.0, v_error = 0.0;
-          for (Index j = 0; j < s.k_len; ++j)
-            for (Index e = 0; e < s.value_dim; ++e) {
+          for (Index j = 0; j < s.k_len; ++j) {
+            for (Index e = 0; e < s.value_dim; ++e)
               max_v = std::max(max_v, std::abs(static_cast<double>(v(b, kv, j, e))));
-              v_error = std::max(v_error, static_cast<double>(c.v8.scales(b, kv, j, e / int8_block)) / 2.0);
-            }
+            for (Index block = 0; block < int8_blocks(s.value_dim); ++block)
+              v_error = std::max(v_error, static_cast<double>(c.v8.scales(b, kv, j, block)) / 2.0);
+          }
           for (Index i = 0; i < s.q_len; ++i) {
+            // sum_d |q_d| s_c(d) / 2 = sum_c s_c (sum of |q_d| over block c) / 2
+            std::vector<double> q_blocks(static_cast<std::size_t>(int8_blocks(s.head_dim)), 0.0);
+            for (Index d = 0; d < s.head_dim; ++d)
+              q_blocks[static_cast<std::size_t>(d / int8_block)] += std::abs(static_cast<double>(c.q(b, h, i, d)));
             double delta = 0.0;
             for (Index j = 0; j < s.k_len; ++j) {
               double moved = 0.0;
-              for (Index d = 0; d < s.head_dim; ++d)
-                moved += std::abs(static_cast<double>(c.q(b, h, i, d))) *
-                         static_cast<double>(c.k8.scales(b, kv, j, d / int8_block)) / 2.0;
+              for (Index block = 0; block < int8_blocks(s.head_dim); ++block)
+                moved +=
+                    static_cast<double>(c.k8.scales(b, kv, j, block)) * q_blocks[static_cast<std::size_t>(block)] / 2.0;
               delta = std::max(delta, std::abs(static_cast<double>(scale)) * moved);
             }
             const double bound = std::expm1(2.0 * delta) * max_v + v_error + 1e-5 * (1.0 + max_v);
