@@ -13,10 +13,12 @@
 //     allow;
 //   - the cache (KVCache<float, std::int8_t>): under every policy (keep all, growing; a sliding window; attention sinks
 //     with RoPE re-rotation) and after draft paths are kept, its rows are exactly quantize_int8 of what a float cache
-//     holds; the module's steps over it stay within the rule's reach of the float cache's, GQA included.
+//     holds; the module's steps over it stay within the rule's reach of the float cache's, GQA included; a whole
+//     decoder (TransformerStack) steps over int8 caches in every layer.
 #include <selfattn/attention.hpp>
 #include <selfattn/int8_attention.hpp>
 #include <selfattn/nn/multihead.hpp>
+#include <selfattn/nn/transformer_stack.hpp>
 #include <selfattn/quantized.hpp>
 
 #include "support/compare.hpp"
@@ -360,6 +362,36 @@ TEST(Int8KvCache, KeepsDraftPathsTruncatesAndCountsItsBytes) {
   EXPECT_EQ(wide.memory_bytes(), rows * 16 * sizeof(float));
   EXPECT_EQ(int8.key_scales().shape(), (std::array<Index, 4>{1, 2, int8.capacity(), 1}));
   EXPECT_EQ(wide.key_scales().size(), 0);
+}
+
+// A whole decoder over int8 caches (TransformerStack::make_cache<std::int8_t>): every layer's cache int8, 18/64 of the
+// float caches' bytes at D = 16 (16 values and one bfloat16 scale per row), and the outputs near the float caches'
+// step after step (each layer's keys and values quantised; later layers see the earlier ones' slightly moved outputs).
+TEST(Int8KvCache, AWholeStackStepsOverInt8Caches) {
+  Random random(811);
+  TransformerStackConfig cfg;
+  cfg.layer = decoder_layer_config(64, 4);
+  cfg.layer.attention.num_kv_heads = 2;
+  cfg.layer.attention.rope_dim = 16;
+  cfg.num_layers = 2;
+  cfg.final_norm = true;
+  const TransformerStack<float> model(cfg, 812);
+  auto int8 = model.make_cache<std::int8_t>(1);
+  auto wide = model.make_cache(1);
+  Tensor<float, 3> x = random.normal_tensor<float, 3>({1, 6, 64});
+  for (int t = 0; t < 12; ++t) {
+    const Tensor<float, 3> y8 = model.step(x, int8), y = model.step(x, wide);
+    double error = 0.0, size = 0.0;
+    for (Index n = 0; n < y.size(); ++n) {
+      error = std::max(error, std::abs(static_cast<double>(y8.data()[n] - y.data()[n])));
+      size = std::max(size, std::abs(static_cast<double>(y.data()[n])));
+    }
+    EXPECT_LT(error, 0.03 * size) << "step " << t;
+    x = random.normal_tensor<float, 3>({1, 1, 64});
+  }
+  ASSERT_EQ(int8.layers.size(), 2u);
+  EXPECT_EQ(int8.length(), 17);
+  EXPECT_EQ(64 * int8.memory_bytes(), 18 * wide.memory_bytes());
 }
 
 }  // namespace
