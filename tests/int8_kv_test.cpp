@@ -14,9 +14,11 @@
 //   - the cache (KVCache<float, std::int8_t>): under every policy (keep all, growing; a sliding window; attention sinks
 //     with RoPE re-rotation) and after draft paths are kept, its rows are exactly quantize_int8 of what a float cache
 //     holds; the module's steps over it stay within the rule's reach of the float cache's, GQA included; a whole
-//     decoder (TransformerStack) steps over int8 caches in every layer.
+//     decoder (TransformerStack) steps over int8 caches in every layer; step_tree over an int8 cache equals one-token
+//     steps along each draft's path.
 #include <selfattn/attention.hpp>
 #include <selfattn/int8_attention.hpp>
+#include <selfattn/nn/draft_tree.hpp>
 #include <selfattn/nn/multihead.hpp>
 #include <selfattn/nn/transformer_stack.hpp>
 #include <selfattn/quantized.hpp>
@@ -362,6 +364,35 @@ TEST(Int8KvCache, KeepsDraftPathsTruncatesAndCountsItsBytes) {
   EXPECT_EQ(wide.memory_bytes(), rows * 16 * sizeof(float));
   EXPECT_EQ(int8.key_scales().shape(), (std::array<Index, 4>{1, 2, int8.capacity(), 1}));
   EXPECT_EQ(wide.key_scales().size(), 0);
+}
+
+// step_tree over an int8 cache (the prefix's and the drafts' rows read through their scales, sliced by over_cached):
+// each draft's row equals one-token steps along its path over an int8 cache, as tests/draft_tree_test.cpp checks for
+// a float cache; both read the same quantised rows, so they differ only by the merge's rounding.
+TEST(Int8KvCache, StepTreeEqualsStepsAlongEachPath) {
+  Random random(813);
+  const MultiHeadAttention<float> mha(ModuleConfig(64, 4).kv_heads(2).rope(16), 814);
+  auto prefilled = mha.make_cache<std::int8_t>(1);
+  mha.step(random.normal_tensor<float, 3>({1, 40, 64}), prefilled);
+  const DraftTree tree{{-1, 0, 0, 1, -1, 4}};
+  const Tensor<float, 3> drafts = random.normal_tensor<float, 3>({1, tree.size(), 64});
+  KVCache<float, std::int8_t> tree_cache = prefilled;
+  const Tensor<float, 3> y = mha.step_tree(drafts, tree_cache, tree);
+  for (Index node = 0; node < tree.size(); ++node) {
+    KVCache<float, std::int8_t> path_cache = prefilled;
+    Tensor<float, 3> last;
+    for (Index draft : tree.path_to(node)) {
+      Tensor<float, 3> token({1, 1, 64});
+      for (Index e = 0; e < 64; ++e) token(0, 0, e) = drafts(0, draft, e);
+      last = mha.step(token, path_cache);
+    }
+    double error = 0.0, size = 0.0;
+    for (Index e = 0; e < 64; ++e) {
+      error = std::max(error, std::abs(static_cast<double>(y(0, node, e)) - last(0, 0, e)));
+      size = std::max(size, std::abs(static_cast<double>(last(0, 0, e))));
+    }
+    EXPECT_LE(error, 1e-5 * (1.0 + size)) << "draft " << node;
+  }
 }
 
 // A whole decoder over int8 caches (TransformerStack::make_cache<std::int8_t>): every layer's cache int8, 18/64 of the
