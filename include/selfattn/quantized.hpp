@@ -64,6 +64,28 @@ inline bfloat16 int8_scale(float absmax) {
 
 }  // namespace detail
 
+/// x̂_i = s q_i: element i of a quantised row, exactly.
+inline float dequantize_int8(const std::int8_t* q, const bfloat16* scales, Index i) {
+  return static_cast<float>(scales[i / int8_block]) * static_cast<float>(q[i]);
+}
+
+namespace detail {
+
+/// x = x̂ of int8 `values` (B, H, L, D) with their `scales`, row by row (shapes checked by the callers).
+inline void dequantize_planes(const TensorView<const std::int8_t, 4>& values,
+                              const TensorView<const bfloat16, 4>& scales, const TensorView<float, 4>& x) {
+  for (Index b = 0; b < values.dim(0); ++b)
+    for (Index h = 0; h < values.dim(1); ++h)
+      for (Index l = 0; l < values.dim(2); ++l) {
+        const std::int8_t* q = &values(b, h, l, 0);
+        const bfloat16* s = &scales(b, h, l, 0);
+        float* to = &x(b, h, l, 0);
+        for (Index d = 0; d < values.dim(3); ++d) to[d] = dequantize_int8(q, s, d);
+      }
+}
+
+}  // namespace detail
+
 /// Quantises the n floats of x into q (n int8s) and scales (int8_blocks(n) bfloat16s), as the file's rule says.
 inline void quantize_int8_row(const float* x, Index n, std::int8_t* q, bfloat16* scales) {
   for (Index c = 0; c * int8_block < n; ++c) {
@@ -79,11 +101,6 @@ inline void quantize_int8_row(const float* x, Index n, std::int8_t* q, bfloat16*
       q[i] = static_cast<std::int8_t>(std::clamp(std::nearbyint(quotient), -127.0f, 127.0f));
     }
   }
-}
-
-/// x̂_i = s q_i: element i of a quantised row, exactly.
-inline float dequantize_int8(const std::int8_t* q, const bfloat16* scales, Index i) {
-  return static_cast<float>(scales[i / int8_block]) * static_cast<float>(q[i]);
 }
 
 /// \brief A float tensor stored as int8 values with a bfloat16 scale per block of 32 along the last dimension.
@@ -116,11 +133,7 @@ inline Tensor<float, 4> dequantize_int8(const TensorView<const std::int8_t, 4>& 
   detail::check_shape<4>("dequantize_int8", "scales", scales.shape(),
                          {values.dim(0), values.dim(1), values.dim(2), int8_blocks(values.dim(3))});
   Tensor<float, 4> x(values.shape());
-  for (Index b = 0; b < values.dim(0); ++b)
-    for (Index h = 0; h < values.dim(1); ++h)
-      for (Index l = 0; l < values.dim(2); ++l)
-        for (Index d = 0; d < values.dim(3); ++d)
-          x(b, h, l, d) = static_cast<float>(scales(b, h, l, d / int8_block)) * static_cast<float>(values(b, h, l, d));
+  detail::dequantize_planes(values, scales, x.view());
   return x;
 }
 

@@ -71,14 +71,7 @@ TensorView<T, Rank> widen_into(const TensorView<const S, Rank>& x, micro::Buffer
 inline TensorView<float, 4> dequantize_into(const TensorView<const std::int8_t, 4>& x,
                                             const TensorView<const bfloat16, 4>& scales, micro::Buffer<float>& buffer) {
   const TensorView<float, 4> wide = take_buffer<float, 4>(buffer, x.shape());
-  for (Index b = 0; b < x.dim(0); ++b)
-    for (Index h = 0; h < x.dim(1); ++h)
-      for (Index l = 0; l < x.dim(2); ++l) {
-        const std::int8_t* q = &x(b, h, l, 0);
-        const bfloat16* s = &scales(b, h, l, 0);
-        float* to = &wide(b, h, l, 0);
-        for (Index d = 0; d < x.dim(3); ++d) to[d] = dequantize_int8(q, s, d);
-      }
+  dequantize_planes(x, scales, wide);
   return wide;
 }
 
