@@ -41,6 +41,8 @@
 #include <selfattn/nn/transformer_layer.hpp>
 #include <selfattn/nn/transformer_stack.hpp>
 #include <selfattn/options.hpp>
+#include <selfattn/paged_attention.hpp>
+#include <selfattn/paged_cache.hpp>
 #include <selfattn/plot/heatmap.hpp>
 #include <selfattn/plot/line_chart.hpp>
 #include <selfattn/positional.hpp>

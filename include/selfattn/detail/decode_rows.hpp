@@ -113,27 +113,53 @@ struct RowScales {
   const bfloat16* row(Index j) const { return data ? data + j * ld : nullptr; }
 };
 
-/// The scales of (batch b, key/value head h)'s rows in a (B, Hkv, L, blocks) scale tensor; none when it is empty.
-inline RowScales row_scales(const TensorView<const bfloat16, 4>& scales, Index b, Index h) {
-  if (!scales.data()) return {};
-  return {scales.data() + b * scales.stride(0) + h * scales.stride(1), scales.stride(2)};
+/// Where one key row and its value row are stored, with their scales (int8 storage; else none).
+template <typename KV>
+struct StoredRow {
+  const KV* k;
+  const KV* v;
+  RowScales k_scales;
+  RowScales v_scales;
+};
+
+/// Key row j of (batch b, key/value head h): row j of the (B, Hkv, Lk, D) tensors, or of a pool's page
+/// (KeyPages) when the call is paged.
+template <typename T, typename KV>
+StoredRow<KV> stored_row(const AttentionParams<T, KV>& p, Index b, Index h, Index j) {
+  const Index slot = p.pages.present() ? p.pages.page(b, j) : b;
+  const Index row = p.pages.present() ? j & (p.pages.page_rows - 1) : j;
+  const auto scales_at = [&](const TensorView<const bfloat16, 4>& scales) {
+    if (!scales.data()) return RowScales{};
+    return RowScales{scales.data() + slot * scales.stride(0) + h * scales.stride(1) + row * scales.stride(2),
+                     scales.stride(2)};
+  };
+  return {row_pointer(p.k, slot, h, row), row_pointer(p.v, slot, h, row), scales_at(p.k_scales), scales_at(p.v_scales)};
 }
 
-/// Where one chunk's keys are: rows [lo, hi) of this (batch, key/value head)'s K and V, and the keys of the next
-/// chunk some row may see, [hi, next_end), which a path may prefetch while it computes this one. KV: the storage
-/// type of keys and values (T, 16 bits widened as they are read, or int8 dequantised as they are read).
+/// Keys per chunk of a call: decode_chunk, or a paged call's page when smaller (a chunk never crosses a page).
+template <typename T, typename KV>
+Index chunk_rows(const AttentionParams<T, KV>& p) {
+  return p.pages.present() ? std::min(decode_chunk, p.pages.page_rows) : decode_chunk;
+}
+
+/// One chunk's keys: [lo, hi) of this (batch, key/value head), numbered as the masks number them, stored at k and v
+/// (row lo + j at k + j * ldk), contiguous within the chunk; and the next chunk's first rows some row may see, which a
+/// path may prefetch while it computes this one. KV: the storage type of keys and values (T, 16 bits widened as they
+/// are read, or int8 dequantised as they are read).
 template <typename KV>
 struct DecodeChunk {
-  const KV* k;    ///< key row 0 of the head; row j at k + j * ldk
+  const KV* k;  ///< key row lo; row lo + j at k + j * ldk
   Index ldk;
-  const KV* v;    ///< value row 0 of the head; row j at v + j * ldv
+  const KV* v;  ///< value row lo; row lo + j at v + j * ldv
   Index ldv;
-  Index lo;       ///< first key of the chunk that some row sees
-  Index hi;       ///< one past the last
-  Index next_end; ///< one past the last key of the next chunk some row sees
-  bool masked;    ///< some row does not see every key of [lo, hi)
-  RowScales k_scales = {};  ///< KV = std::int8_t: the scales of key row 0 (row j's at k_scales.row(j)); else none
-  RowScales v_scales = {};  ///< KV = std::int8_t: the scales of value row 0
+  Index lo;                 ///< first key of the chunk that some row sees
+  Index hi;                 ///< one past the last
+  const KV* next_k;         ///< the next chunk's first key row some row sees (null: none), rows ldk apart
+  const KV* next_v;         ///< its value row, rows ldv apart
+  Index next_rows;          ///< rows of the next chunk to prefetch
+  bool masked;              ///< some row does not see every key of [lo, hi)
+  RowScales k_scales = {};  ///< KV = std::int8_t: the scales of key row lo (row lo + j's at k_scales.row(j)); else none
+  RowScales v_scales = {};  ///< KV = std::int8_t: the scales of value row lo
 };
 
 }  // namespace selfattn::detail

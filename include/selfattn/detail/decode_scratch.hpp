@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -56,6 +57,11 @@ struct DecodeScratch {
       queries;
   micro::Buffer<T> partials;
   std::vector<micro::Buffer<T>> threads;
+  std::vector<Index> task_chunk;          ///< per task: the chunk it computes (-1: an empty head's one empty task)
+  std::vector<Index> task_head;           ///< per task: its (batch, key/value head)
+  std::vector<Index> task_begin;          ///< per head: its first task; then the task count
+  std::vector<std::int32_t> paged_table;  ///< a paged call's page tables, B rows (paged_attention.hpp)
+  std::vector<Index> paged_lengths;       ///< a paged call's sequence lengths
 
   /// The queries of a path (GeneralDecode, GroupedDecode or StreamingDecode of any level).
   template <typename Path>
@@ -86,6 +92,11 @@ struct DecodeScratch {
     const Index values = checked_add(value_dim, 2, limit, message);
     const Index count = checked_product(std::array<Index, 4>{heads, chunks, lanes, values}, limit, message);
     partials.reserve(static_cast<std::size_t>(count));
+    if (count == 0) return;
+    // The task lists: at most every chunk of every pair, and one empty task per pair (fewer elements than count).
+    task_chunk.reserve(static_cast<std::size_t>(heads * (chunks + 1)));
+    task_head.reserve(static_cast<std::size_t>(heads * (chunks + 1)));
+    task_begin.reserve(static_cast<std::size_t>(heads + 1));
   }
 };
 

@@ -5,7 +5,8 @@
 // row); the boolean `allowed` mask and the bias are per element; ALiBi is a per-row slope times the distance to
 // the row's bottom-right diagonal. MaskParams::row gives every kernel the same per-row description (RowMask),
 // and MaskParams::score the final score of one pair; the packet forms below apply the same rules to a packet of
-// keys or of rows. Rows and columns: i = query row, j = key column, off = Lk - Lq, c = i + off (the diagonal).
+// keys or of rows. Rows and columns: i = query row, j = key column, off = Lk - Lq (or the sequence's own key length
+// minus Lq, diagonal_per_sequence), c = i + off (the diagonal).
 #pragma once
 
 #include <selfattn/detail/simd.hpp>
@@ -83,12 +84,14 @@ struct MaskParams {
   Broadcast4<const bool> allowed;       // absent, or true = may attend
   Broadcast4<const T> bias;             // absent, or added to the scores
   const T* alibi_slopes = nullptr;      // H entries, or null
+  bool diagonal_per_sequence = false;   // off = key_lengths[b] - Lq: each sequence's rows are its last Lq keys (paged)
 
-  Index offset() const { return k_len - q_len; }
+  /// off of batch b: Lk - Lq, or key_lengths[b] - Lq when each sequence ends at its own length.
+  Index offset(Index b) const { return (diagonal_per_sequence ? key_lengths[b] : k_len) - q_len; }
 
   /// Keys not excluded by key lengths, causality or the window, for batch b and query row i.
   KeyRange key_range(Index b, Index i) const {
-    const Index c = i + offset();  // bottom-right diagonal
+    const Index c = i + offset(b);  // bottom-right diagonal
     Index begin = 0;
     Index end = key_lengths ? key_lengths[b] : k_len;
     if (causal == Causal::top_left) end = std::min(end, i + 1);          // j <= i
@@ -106,7 +109,7 @@ struct MaskParams {
 
   /// The description of query row i of head h, batch b: its key range, ALiBi slope and diagonal.
   RowMask<T> row(Index b, Index h, Index i) const {
-    return {key_range(b, i), has_alibi() ? alibi_slopes[h] : T(0), static_cast<T>(i + offset()), has_element_masks()};
+    return {key_range(b, i), has_alibi() ? alibi_slopes[h] : T(0), static_cast<T>(i + offset(b)), has_element_masks()};
   }
 
   /// The final score of the pair (i, j) of row `r` = row(b, h, i), given s = scale * q_i . k_j:

@@ -9,17 +9,32 @@
 #include <selfattn/tensor.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <limits>
 #include <vector>
 
 namespace selfattn::detail {
 
+/// Keys and values in pages of a pool (PagedKVCache, paged_attention.hpp) rather than one (B, Hkv, Lk, D) tensor:
+/// k and v of AttentionParams are then the pools (pages, Hkv, page_rows, D), and key j of batch b is row
+/// j % page_rows of page table[b * table_stride + j / page_rows]. Absent (table null) for every other call.
+struct KeyPages {
+  const std::int32_t* table = nullptr;  ///< B rows of table_stride page numbers
+  Index table_stride = 0;
+  Index page_rows = 0;  ///< a power of two
+  Index keys = 0;       ///< Lk of the call: the longest sequence's keys
+
+  bool present() const { return table != nullptr; }
+  /// The page holding key j of batch b.
+  Index page(Index b, Index j) const { return table[b * table_stride + j / page_rows]; }
+};
+
 /// Everything one attention call needs.
 ///
-/// Shapes: q (B, H, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv); query head h reads key/value head
-/// h / (H / Hkv). v may have Dv == 0 when only the weights are wanted. KV is the storage type of k and v: T, or
-/// a 16-bit type (bfloat16, float16) that the decode kernel reads in place and widens to T = float, or std::int8_t
-/// with a bfloat16 scale per block of 32 (quantized.hpp), which the decode kernel dequantises as it reads.
+/// Shapes: q (B, H, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv) (paged: pools, KeyPages); query head h reads
+/// key/value head h / (H / Hkv). v may have Dv == 0 when only the weights are wanted. KV is the storage type of k and
+/// v: T, or a 16-bit type (bfloat16, float16) that the decode kernel reads in place and widens to T = float, or
+/// std::int8_t with a bfloat16 scale per block of 32 (quantized.hpp), which the decode kernel dequantises as it reads.
 template <typename T, typename KV = T>
 struct AttentionParams {
   TensorView<const T, 4> q;
@@ -32,6 +47,7 @@ struct AttentionParams {
   const T* sinks = nullptr;  // one logit per query head joining every row's softmax (softmax.hpp, rule 6), or none
   MaskParams<T> mask;       // which keys a row sees, and what is added to its scores
   DropoutParams<T> dropout;  // which probabilities survive
+  KeyPages pages;            // present: k, v (and their scales) are pools of pages, addressed through pages.table
 
   /// Query head h's sink logit, -inf without sinks (a sink of weight exp(-inf) = 0).
   T sink(Index h) const { return sinks ? sinks[h] : -std::numeric_limits<T>::infinity(); }
@@ -41,7 +57,7 @@ struct AttentionParams {
   Index kv_heads() const { return k.dim(1); }
   Index group() const { return q.dim(1) / k.dim(1); }  ///< G = H / Hkv query heads per key/value head
   Index q_len() const { return q.dim(2); }
-  Index k_len() const { return k.dim(2); }
+  Index k_len() const { return pages.present() ? pages.keys : k.dim(2); }
   Index head_dim() const { return q.dim(3); }
   Index value_dim() const { return v.dim(3); }
   Index kv_head(Index h) const { return h / group(); }
