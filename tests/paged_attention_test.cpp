@@ -9,8 +9,11 @@
 //     for smaller pages (other chunks, merged in another order); over mask kinds (none, causal, sliding window, ALiBi,
 //     soft-capping, sinks), GQA, several query rows per sequence and sequences of unequal lengths, shared prefixes
 //     among them;
-//   - every error of paged_attention named, nothing written.
+//   - every error of paged_attention named, nothing written;
+//   - MultiHeadAttention::step over a paged cache (prompts fed 16 tokens at a time, one sequence per call; then
+//     decode steps of every sequence in one call, a fork among them) equals step over one KVCache per sequence.
 #include <selfattn/attention.hpp>
+#include <selfattn/nn/multihead.hpp>
 #include <selfattn/paged_attention.hpp>
 #include <selfattn/paged_cache.hpp>
 #include <selfattn/quantized.hpp>
@@ -411,6 +414,80 @@ TEST(PagedAttentionErrors, AreNamedAndWriteNothing) {
       },
       {"out"});
   for (Index n = 0; n < out.size(); ++n) EXPECT_EQ(out.data()[n], 7.0f);
+}
+
+/// x (B, L, E) rows [from, from + n) of batch b, as (1, n, E).
+Tensor<double, 3> tokens_of(const Tensor<double, 3>& x, Index b, Index from, Index n) {
+  Tensor<double, 3> out({1, n, x.dim(2)});
+  for (Index l = 0; l < n; ++l)
+    for (Index e = 0; e < x.dim(2); ++e) out(0, l, e) = x(b, from + l, e);
+  return out;
+}
+
+TEST(PagedModuleStep, EqualsStepsOverOneKVCachePerSequence) {
+  Random random(51);
+  MultiHeadAttentionConfig cfg;
+  cfg.embed_dim = 32;
+  cfg.num_heads = 4;
+  cfg.num_kv_heads = 2;
+  cfg.rope_dim = 8;
+  const MultiHeadAttention<double> mha(cfg, 5);
+  PagedKVCache<double> pool({64, 2, 8, 0, 16});
+  const std::vector<Index> prompts{20, 5, 37};
+  const Tensor<double, 3> prompt = random.normal_tensor<double, 3>({3, 37, 32});
+  std::vector<Index> ids;
+  std::vector<KVCache<double>> caches;
+  for (Index b = 0; b < 3; ++b) {  // prefill, 16 tokens at a time, one sequence per call
+    ids.push_back(pool.start());
+    caches.push_back(mha.make_cache(1));
+    for (Index from = 0; from < prompts[static_cast<std::size_t>(b)]; from += 16) {
+      const Index n = std::min<Index>(16, prompts[static_cast<std::size_t>(b)] - from);
+      const Tensor<double, 3> x = tokens_of(prompt, b, from, n);
+      EXPECT_TRUE(all_close(mha.step(x, pool, {ids.back()}), mha.step(x, caches.back()), 1e-12));
+    }
+  }
+  // A fork of sequence 2, continued with the others.
+  ids.push_back(pool.fork(ids[2]));
+  caches.push_back(caches[2]);
+  MhaWorkspace<double> ws;
+  Tensor<double, 3> y({4, 1, 32});
+  for (int step = 0; step < 20; ++step) {
+    const Tensor<double, 3> x = random.normal_tensor<double, 3>({4, 1, 32});
+    mha.step_into(x.view(), pool, ids, y.view(), ws);
+    for (Index b = 0; b < 4; ++b) {
+      const Tensor<double, 3> expected = mha.step(tokens_of(x, b, 0, 1), caches[static_cast<std::size_t>(b)]);
+      EXPECT_TRUE(all_close(tokens_of(y, b, 0, 1), expected, 1e-12)) << "step " << step << ", sequence " << b;
+    }
+  }
+  EXPECT_EQ(pool.length(ids[3]), 57);
+  EXPECT_EQ(pool.length(ids[1]), 25);
+}
+
+TEST(PagedModuleStepErrors, AreNamedAndLeaveTheCacheUnchanged) {
+  Random random(52);
+  MultiHeadAttentionConfig cfg;
+  cfg.embed_dim = 16;
+  cfg.num_heads = 2;
+  const MultiHeadAttention<float> mha(cfg, 1);
+  PagedKVCache<float> pool({2, 2, 8, 0, 16});
+  const Index a = pool.start(), b = pool.start();
+  pool.append(a, rows<float>(random, 2, 10, 8), rows<float>(random, 2, 10, 8));
+  const auto x = [&](Index batch, Index n) { return random.normal_tensor<float, 3>({batch, n, 16}); };
+  expect_error<ShapeError>([&] { mha.step(x(1, 1), pool, {a, b}); }, {"MultiHeadAttention::step", "x_new"});
+  expect_error<ShapeError>([&] { mha.step(x(1, 17), pool, {a}); }, {"x_new", "at most 16"});
+  expect_error<std::invalid_argument>([&] { mha.step(x(2, 1), pool, {a, a}); }, {"sequences", "twice"});
+  expect_error<std::invalid_argument>([&] { mha.step(x(1, 1), pool, {5}); }, {"sequences", "live"});
+  PagedKVCache<float> other({2, 1, 8, 0, 16});
+  const Index c = other.start();
+  expect_error<ShapeError>([&] { mha.step(x(1, 1), other, {c}); }, {"cache", "2 key/value heads"});
+  const Index fork = pool.fork(a);  // a's page is now shared: a step of both needs one copy, and b a page
+  expect_error<std::length_error>([&] { mha.step(x(3, 1), pool, {a, b, fork}); }, {"needs 2 pages", "1 free"});
+  EXPECT_EQ(pool.length(a), 10);
+  EXPECT_EQ(pool.length(b), 0);
+  EXPECT_EQ(pool.free_pages(), 1);
+  EXPECT_EQ(pool.pages_needed({a, fork}, 1), 1);  // the second finds the page its own
+  mha.step(x(2, 1), pool, {a, fork});
+  EXPECT_EQ(pool.free_pages(), 0);
 }
 
 }  // namespace

@@ -124,7 +124,7 @@ class PagedKVCache {
     if (n == 0) return;
     const Index partial = s.length % shape_.page_rows;  // rows in use of the last page
     const bool copies = partial > 0 && shares_[static_cast<std::size_t>(s.pages.back())] > 1;
-    const Index needed = pages_for(s.length + n) - static_cast<Index>(s.pages.size()) + (copies ? 1 : 0);
+    const Index needed = pages_needed({sequence}, n);
     if (needed > free_pages())
       throw std::length_error(std::string(fn) + ": the pool has " + std::to_string(free_pages()) +
                               " free pages, appending " + std::to_string(n) + " tokens to sequence " +
@@ -141,6 +141,31 @@ class PagedKVCache {
       }
     }
     target.length += n;
+  }
+
+  /// The pages appending `tokens` to each of `sequences` takes from the pool, copies of shared pages included: what a
+  /// scheduler checks against free_pages() before it admits a step. A shared last page that every listed holder
+  /// appends into is copied once fewer times than it has holders (the last one finds it its own). Throws
+  /// std::invalid_argument naming `sequence` when one is not live.
+  Index pages_needed(const std::vector<Index>& sequences, Index tokens) const {
+    Index needed = 0;
+    std::vector<std::int32_t> shared;  // the shared partial last pages the appends write into, once per holder listed
+    for (const Index sequence : sequences) {
+      const Sequence& s = live(sequence, "PagedKVCache::pages_needed");
+      if (tokens <= 0) continue;
+      needed += pages_for(s.length + tokens) - static_cast<Index>(s.pages.size());
+      if (s.length % shape_.page_rows > 0 && shares_[static_cast<std::size_t>(s.pages.back())] > 1)
+        shared.push_back(s.pages.back());
+    }
+    std::sort(shared.begin(), shared.end());
+    for (std::size_t i = 0; i < shared.size();) {
+      std::size_t j = i;
+      while (j < shared.size() && shared[j] == shared[i]) ++j;
+      const Index holders = static_cast<Index>(j - i), all = shares_[static_cast<std::size_t>(shared[i])];
+      needed += std::min(holders, all - 1);
+      i = j;
+    }
+    return needed;
   }
 
   void append(Index sequence, const Tensor<T, 3>& keys, const Tensor<T, 3>& values) {

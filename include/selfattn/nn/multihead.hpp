@@ -21,6 +21,7 @@
 #include <selfattn/nn/multihead_checks.hpp>
 #include <selfattn/nn/multihead_projections.hpp>
 #include <selfattn/nn/multihead_types.hpp>
+#include <selfattn/nn/paged_step.hpp>
 #include <selfattn/nn/widened_activations.hpp>
 #include <selfattn/options.hpp>
 #include <selfattn/positional.hpp>
@@ -203,6 +204,47 @@ class MultiHeadAttention {
   Tensor<T, 3> step_tree(const X& x_draft, KVCache<T, S>& cache, const DraftTree& tree) const {
     return step_tree_with(params_, x_draft, cache, tree);
   }
+  /// \brief One step of many sequences of a PagedKVCache in one call (serving, docs/paged_cache.md): x_new (B, Lnew, E)
+  /// holds Lnew <= 16 new tokens of each sequence `sequences[b]`, which sit at positions length + l (RoPE), are
+  /// appended to their sequences and attend with Causal::bottom_right over each sequence's tokens -> (B, Lnew, E).
+  ///
+  /// Equals step over a KVCache holding the same tokens (a prompt fed 16 tokens at a time too). The cache must have
+  /// the module's Hkv and head dim (`cache`, ShapeError). Throws ShapeError naming `x_new` (B other than
+  /// sequences.size(), Lnew above 16), std::invalid_argument naming `sequences` (one not live, or listed twice),
+  /// std::length_error when the pool lacks pages for the step (PagedKVCache::pages_needed); the cache is unchanged
+  /// then. Allocates its buffers per call; step_into with a workspace does not.
+  /// \code
+  /// PagedKVCache<float> pool({/*pages=*/1024, cfg.num_kv_heads, cfg.embed_dim / cfg.num_heads});
+  /// std::vector<Index> running{pool.start(), pool.start()};
+  /// Tensor<float, 3> y = mha.step(tokens, pool, running);   // tokens (2, 1, E)
+  /// \endcode
+  template <typename S>
+  Tensor<T, 3> step(const TensorView<const T, 3>& x_new, PagedKVCache<T, S>& cache,
+                    const std::vector<Index>& sequences) const {
+    MhaWorkspace<T> ws;
+    Tensor<T, 3> output({x_new.dim(0), x_new.dim(1), config_.embed_dim});
+    step_into(x_new, cache, sequences, output.view(), ws);
+    return output;
+  }
+  template <typename S>
+  Tensor<T, 3> step(const Tensor<T, 3>& x_new, PagedKVCache<T, S>& cache, const std::vector<Index>& sequences) const {
+    return step(x_new.view(), cache, sequences);
+  }
+
+  /// step over a PagedKVCache into a caller-owned output (B, Lnew, E), every buffer in `ws`: after a first step of a
+  /// shape, steps of that shape over no more keys allocate nothing but the pages the sequences grow into. Throws
+  /// like step, and ShapeError naming `output`; nothing is written then.
+  template <typename S>
+  void step_into(const TensorView<const T, 3>& x_new, PagedKVCache<T, S>& cache, const std::vector<Index>& sequences,
+                 const TensorView<T, 3>& output, MhaWorkspace<T>& ws) const {
+    const char* fn = "MultiHeadAttention::step";
+    detail::check_mha_paged_step(config_, params_, x_new, cache, sequences, fn);
+    detail::check_shape<3>(fn, "output", output.shape(), {x_new.dim(0), x_new.dim(1), config_.embed_dim});
+    if (detail::overlaps(output, x_new))
+      detail::throw_invalid(fn, "output", "overlaps x_new; write into separate memory");
+    detail::paged_step_walk(config_, rope_ ? &*rope_ : nullptr, alibi_, params_, x_new, cache, sequences, output, ws);
+  }
+
   /// step_tree with `parameters` in place of params() (a TransformerLayer's attention).
   template <typename X, typename S>
   Tensor<T, 3> step_tree_with(const MhaParams<T>& parameters, const X& x_draft, KVCache<T, S>& cache,
