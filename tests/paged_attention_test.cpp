@@ -5,8 +5,9 @@
 //     that return pages, growth of the pool; every error named, with the cache unchanged;
 //   - paged_attention equals each sequence's own sdpa_forward over its keys and values gathered from the pages, on
 //     the decode kernel, for every storage type (float, double, bfloat16, float16, int8): bit for bit where a page
-//     holds whole chunks of the kernel (page_rows >= 256, the same chunks as the contiguous call), within rounding
-//     for smaller pages (other chunks, merged in another order); over mask kinds (none, causal, sliding window, ALiBi,
+//     holds whole chunks of the kernel (page_rows >= 256, the same chunks as the contiguous call) or a sequence's
+//     pages are consecutive (read as whole chunks too), within rounding for smaller pages out of order (read page by
+//     page, merged in another order); over mask kinds (none, causal, sliding window, ALiBi,
 //     soft-capping, sinks), GQA, several query rows per sequence and sequences of unequal lengths, shared prefixes
 //     among them;
 //   - every error of paged_attention named, nothing written;
@@ -219,6 +220,29 @@ TEST(PagedAttention, EqualsEachSequencesOwnCallSixteenBit) {
 TEST(PagedAttention, EqualsEachSequencesOwnCallInt8) {
   check_against_per_sequence<float, std::int8_t>(256, 16);
   check_against_per_sequence<float, std::int8_t>(128, 17);
+}
+
+TEST(PagedAttention, ReadsConsecutivePagesAsTheContiguousCallDoes) {
+  // Pages of 16 given out one after another (a sequence appended at once): consecutive in memory, read in the
+  // kernel's chunks of 256 keys, so bit for bit the contiguous call. A sequence grown alongside another has its
+  // pages interleaved with the other's: read page by page, equal within rounding.
+  Random random(18);
+  PagedKVCache<float> cache({200, 2, 32, 0, 16});
+  Grown<float, float> whole = grow_sequences(cache, random, {1000});  // one sequence: one append per round, in order
+  Grown<float, float> interleaved = grow_sequences(cache, random, {700, 900});
+  const std::vector<Index> sequences{whole.ids[0], interleaved.ids[0], interleaved.ids[1]};
+  const std::vector<Tensor<float, 3>> keys{whole.keys[0], interleaved.keys[0], interleaved.keys[1]};
+  const std::vector<Tensor<float, 3>> values{whole.values[0], interleaved.values[0], interleaved.values[1]};
+  const Tensor<float, 4> q = random.normal_tensor<float, 4>({3, 8, 2, 32});
+  AttentionOptions<float> opts;
+  opts.causal = Causal::bottom_right;
+  const AttentionForward<float> paged = paged_attention(q, cache, sequences, opts);
+  const AttentionForward<float> expected = per_sequence(q, keys, values, {0, 1, 2}, opts);
+  const auto batch = [](const Tensor<float, 4>& x, Index b) {
+    return Tensor<float, 4>(TensorView<const float, 4>(&x(b, 0, 0, 0), {1, x.dim(1), x.dim(2), x.dim(3)}));
+  };
+  EXPECT_TRUE(all_close(batch(paged.out, 0), batch(expected.out, 0), 0.0));
+  EXPECT_TRUE(all_close(paged.out, expected.out, default_tolerance<float>()));
 }
 
 TEST(PagedAttention, IntoAWorkspaceEqualsTheAllocatingCall) {

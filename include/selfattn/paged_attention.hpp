@@ -138,6 +138,7 @@ AttentionForward<T> paged_attention(const TensorView<const T, 4>& q, const Paged
   return result;
 }
 
+/// \overload
 template <typename T, typename S>
 AttentionForward<T> paged_attention(const Tensor<T, 4>& q, const PagedKVCache<T, S>& cache,
                                     const std::vector<Index>& sequences, const AttentionOptions<T>& opts = {}) {

@@ -12,6 +12,7 @@
 #include <selfattn/tensor.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -62,9 +63,9 @@ class PagedKVCache {
                 "selfattn: PagedKVCache stores T, or for T = float bfloat16, float16 or std::int8_t");
 
  public:
-  static constexpr bool quantized = std::is_same_v<S, std::int8_t>;
-  static constexpr Index min_page_rows = 16;
-  static constexpr Index max_page_rows = 4096;
+  static constexpr bool quantized = std::is_same_v<S, std::int8_t>;  ///< int8 storage, with block scales
+  static constexpr Index min_page_rows = 16;                         ///< the smallest page
+  static constexpr Index max_page_rows = 4096;                       ///< the largest page
 
   /// A pool of shape.pages empty pages. Throws std::invalid_argument naming `shape` for a negative count, a
   /// dimension below 1 or page_rows not a power of two in [16, 4096].
@@ -168,6 +169,7 @@ class PagedKVCache {
     return needed;
   }
 
+  /// \overload
   void append(Index sequence, const Tensor<T, 3>& keys, const Tensor<T, 3>& values) {
     append(sequence, keys.view(), values.view());
   }
@@ -200,14 +202,14 @@ class PagedKVCache {
   /// The values of a live sequence as T, (Hkv, length, Dv).
   Tensor<T, 3> values(Index sequence) const { return gather(sequence, values_, value_scales_, shape_.value_dim); }
 
-  const PagedCacheShape& shape() const { return shape_; }
-  Index pages() const { return shape_.pages; }
-  Index page_rows() const { return shape_.page_rows; }
-  Index kv_heads() const { return shape_.kv_heads; }
-  Index head_dim() const { return shape_.head_dim; }
-  Index value_dim() const { return shape_.value_dim; }
-  Index free_pages() const { return static_cast<Index>(free_.size()); }
-  Index used_pages() const { return shape_.pages - free_pages(); }
+  const PagedCacheShape& shape() const { return shape_; }                ///< the pool's shape (value_dim filled in)
+  Index pages() const { return shape_.pages; }                           ///< pages in the pool
+  Index page_rows() const { return shape_.page_rows; }                   ///< tokens per page
+  Index kv_heads() const { return shape_.kv_heads; }                     ///< Hkv
+  Index head_dim() const { return shape_.head_dim; }                     ///< D of the keys
+  Index value_dim() const { return shape_.value_dim; }                   ///< Dv of the values
+  Index free_pages() const { return static_cast<Index>(free_.size()); }  ///< pages no sequence holds
+  Index used_pages() const { return shape_.pages - free_pages(); }       ///< pages some sequence holds
   /// Bytes of the pool (keys, values and int8 scales), used or not.
   std::size_t memory_bytes() const {
     return (keys_.size() + values_.size()) * sizeof(S) + (key_scales_.size() + value_scales_.size()) * sizeof(bfloat16);
@@ -219,12 +221,17 @@ class PagedKVCache {
                : memory_bytes() / static_cast<std::size_t>(shape_.pages) * static_cast<std::size_t>(used_pages());
   }
 
-  /// The pools: keys (pages, Hkv, page_rows, D), values (pages, Hkv, page_rows, Dv), and for int8 their scales
-  /// (pages, Hkv, page_rows, int8_blocks(D or Dv)); empty scales otherwise.
-  TensorView<const S, 4> key_pool() const { return keys_.view(); }
-  TensorView<const S, 4> value_pool() const { return values_.view(); }
-  TensorView<const bfloat16, 4> key_scale_pool() const { return key_scales_.view(); }
-  TensorView<const bfloat16, 4> value_scale_pool() const { return value_scales_.view(); }
+  /// The pools as the kernels address them: keys (pages, Hkv, page_rows, D), values (pages, Hkv, page_rows, Dv), and
+  /// for int8 their scales (pages, Hkv, page_rows, int8_blocks(D or Dv)); empty scales otherwise. Stored head-major
+  /// (Hkv, pages, page_rows, D), so that consecutive pages of a head are consecutive in memory: a sequence whose pages
+  /// have consecutive numbers reads each head's keys as one stream, as from a contiguous cache.
+  TensorView<const S, 4> key_pool() const { return by_page(keys_); }
+  /// \copydoc key_pool
+  TensorView<const S, 4> value_pool() const { return by_page(values_); }
+  /// \copydoc key_pool
+  TensorView<const bfloat16, 4> key_scale_pool() const { return by_page(key_scales_); }
+  /// \copydoc key_pool
+  TensorView<const bfloat16, 4> value_scale_pool() const { return by_page(value_scales_); }
 
  private:
   struct Sequence {
@@ -300,15 +307,15 @@ class PagedKVCache {
 
   template <typename U>
   static void copy_rows(Tensor<U, 4>& pool, Index from, Index to, Index h, Index rows) {
-    std::memcpy(&pool(to, h, 0, 0), &pool(from, h, 0, 0), static_cast<std::size_t>(rows * pool.dim(3)) * sizeof(U));
+    std::memcpy(&pool(h, to, 0, 0), &pool(h, from, 0, 0), static_cast<std::size_t>(rows * pool.dim(3)) * sizeof(U));
   }
 
   void store_row(const T* row, Index width, Tensor<S, 4>& pool, Tensor<bfloat16, 4>& scales, Index page, Index h,
                  Index slot) {
     if constexpr (quantized)
-      quantize_int8_row(row, width, &pool(page, h, slot, 0), &scales(page, h, slot, 0));
+      quantize_int8_row(row, width, &pool(h, page, slot, 0), &scales(h, page, slot, 0));
     else
-      detail::convert_row(row, &pool(page, h, slot, 0), width);
+      detail::convert_row(row, &pool(h, page, slot, 0), width);
   }
 
   Tensor<T, 3> gather(Index sequence, const Tensor<S, 4>& pool, const Tensor<bfloat16, 4>& scales, Index width) const {
@@ -317,22 +324,22 @@ class PagedKVCache {
     for (Index h = 0; h < shape_.kv_heads; ++h)
       for (Index j = 0; j < s.length; ++j) {
         const Index page = s.pages[static_cast<std::size_t>(j / shape_.page_rows)], row = j % shape_.page_rows;
-        for (Index e = 0; e < width; ++e) {
-          if constexpr (quantized)
-            out(h, j, e) = dequantize_int8(&pool(page, h, row, 0), &scales(page, h, row, 0), e);
-          else
-            out(h, j, e) = detail::widen<T>(pool(page, h, row, e));
+        if constexpr (quantized) {
+          for (Index e = 0; e < width; ++e)
+            out(h, j, e) = dequantize_int8(&pool(h, page, row, 0), &scales(h, page, row, 0), e);
+        } else {
+          detail::convert_row(&pool(h, page, row, 0), &out(h, j, 0), width);
         }
       }
     return out;
   }
 
   void allocate(Index pages) {
-    keys_ = Tensor<S, 4>({pages, shape_.kv_heads, shape_.page_rows, shape_.head_dim});
-    values_ = Tensor<S, 4>({pages, shape_.kv_heads, shape_.page_rows, shape_.value_dim});
+    keys_ = Tensor<S, 4>({shape_.kv_heads, pages, shape_.page_rows, shape_.head_dim});
+    values_ = Tensor<S, 4>({shape_.kv_heads, pages, shape_.page_rows, shape_.value_dim});
     if constexpr (quantized) {
-      key_scales_ = Tensor<bfloat16, 4>({pages, shape_.kv_heads, shape_.page_rows, int8_blocks(shape_.head_dim)});
-      value_scales_ = Tensor<bfloat16, 4>({pages, shape_.kv_heads, shape_.page_rows, int8_blocks(shape_.value_dim)});
+      key_scales_ = Tensor<bfloat16, 4>({shape_.kv_heads, pages, shape_.page_rows, int8_blocks(shape_.head_dim)});
+      value_scales_ = Tensor<bfloat16, 4>({shape_.kv_heads, pages, shape_.page_rows, int8_blocks(shape_.value_dim)});
     }
     shares_.assign(static_cast<std::size_t>(pages), 0);
     shape_.pages = pages;
@@ -341,10 +348,20 @@ class PagedKVCache {
   /// The pool with room for `pages` pages, its first pages those of `pool` (pages are its outermost dimension).
   template <typename U>
   static Tensor<U, 4> grown(const Tensor<U, 4>& pool, Index pages) {
-    if (pool.size() == 0 && pool.dim(1) == 0) return pool;  // no scales: stays empty
-    Tensor<U, 4> bigger({pages, pool.dim(1), pool.dim(2), pool.dim(3)});
-    std::copy(pool.data(), pool.data() + pool.size(), bigger.data());
+    if (pool.dim(0) == 0) return pool;  // no scales: stays empty
+    Tensor<U, 4> bigger({pool.dim(0), pages, pool.dim(2), pool.dim(3)});
+    const Index plane = pool.dim(1) * pool.dim(2) * pool.dim(3);  // one head's pages
+    for (Index h = 0; h < pool.dim(0); ++h)
+      std::copy(pool.data() + h * plane, pool.data() + (h + 1) * plane, &bigger(h, 0, 0, 0));
     return bigger;
+  }
+
+  /// A head-major pool (Hkv, pages, P, D) seen as (pages, Hkv, P, D), the order the kernels address it in.
+  template <typename U>
+  static TensorView<const U, 4> by_page(const Tensor<U, 4>& pool) {
+    const std::array<Index, 4> strides = pool.strides();
+    return TensorView<const U, 4>(pool.data(), {pool.dim(1), pool.dim(0), pool.dim(2), pool.dim(3)},
+                                  {strides[1], strides[0], strides[2], strides[3]});
   }
 
   void reallocate(Index pages) {

@@ -136,12 +136,6 @@ StoredRow<KV> stored_row(const AttentionParams<T, KV>& p, Index b, Index h, Inde
   return {row_pointer(p.k, slot, h, row), row_pointer(p.v, slot, h, row), scales_at(p.k_scales), scales_at(p.v_scales)};
 }
 
-/// Keys per chunk of a call: decode_chunk, or a paged call's page when smaller (a chunk never crosses a page).
-template <typename T, typename KV>
-Index chunk_rows(const AttentionParams<T, KV>& p) {
-  return p.pages.present() ? std::min(decode_chunk, p.pages.page_rows) : decode_chunk;
-}
-
 /// One chunk's keys: [lo, hi) of this (batch, key/value head), numbered as the masks number them, stored at k and v
 /// (row lo + j at k + j * ldk), contiguous within the chunk; and the next chunk's first rows some row may see, which a
 /// path may prefetch while it computes this one. KV: the storage type of keys and values (T, 16 bits widened as they

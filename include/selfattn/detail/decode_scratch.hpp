@@ -57,9 +57,10 @@ struct DecodeScratch {
       queries;
   micro::Buffer<T> partials;
   std::vector<micro::Buffer<T>> threads;
-  std::vector<Index> task_chunk;          ///< per task: the chunk it computes (-1: an empty head's one empty task)
-  std::vector<Index> task_head;           ///< per task: its (batch, key/value head)
-  std::vector<Index> task_begin;          ///< per head: its first task; then the task count
+  std::vector<Index> task_first;  ///< per task: its first key
+  std::vector<Index> task_last;   ///< per task: one past its last key (task_first: an empty head's one empty task)
+  std::vector<Index> task_head;   ///< per task: its (batch, key/value head)
+  std::vector<Index> task_begin;  ///< per head: its first task; then the task count
   std::vector<std::int32_t> paged_table;  ///< a paged call's page tables, B rows (paged_attention.hpp)
   std::vector<Index> paged_lengths;       ///< a paged call's sequence lengths
 
@@ -94,7 +95,8 @@ struct DecodeScratch {
     partials.reserve(static_cast<std::size_t>(count));
     if (count == 0) return;
     // The task lists: at most every chunk of every pair, and one empty task per pair (fewer elements than count).
-    task_chunk.reserve(static_cast<std::size_t>(heads * (chunks + 1)));
+    task_first.reserve(static_cast<std::size_t>(heads * (chunks + 1)));
+    task_last.reserve(static_cast<std::size_t>(heads * (chunks + 1)));
     task_head.reserve(static_cast<std::size_t>(heads * (chunks + 1)));
     task_begin.reserve(static_cast<std::size_t>(heads + 1));
   }

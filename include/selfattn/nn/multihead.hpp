@@ -226,6 +226,7 @@ class MultiHeadAttention {
     step_into(x_new, cache, sequences, output.view(), ws);
     return output;
   }
+  /// \overload
   template <typename S>
   Tensor<T, 3> step(const Tensor<T, 3>& x_new, PagedKVCache<T, S>& cache, const std::vector<Index>& sequences) const {
     return step(x_new.view(), cache, sequences);
