@@ -170,7 +170,8 @@ void check_against_per_sequence(Index page_rows, std::uint64_t seed) {
   Random random(seed);
   const Index kv_heads = 2, head_dim = 40, value_dim = 24;
   PagedKVCache<T, S> cache({/*pages=*/4096 / page_rows + 16, kv_heads, head_dim, value_dim, page_rows});
-  const std::vector<Index> lengths{700, 3, page_rows * 2, 1290};
+  // Lengths that cross the kernel's chunks of 256 and end inside them (under ASan the sweep's cost is these keys).
+  const std::vector<Index> lengths{300, 3, std::min<Index>(page_rows * 2, 512), 530};
   Grown<T, S> g = grow_sequences(cache, random, lengths);
   // A fork of the longest sequence (sharing its pages) that goes on differently.
   const Index fork = cache.fork(g.ids[3]);
@@ -180,7 +181,7 @@ void check_against_per_sequence(Index page_rows, std::uint64_t seed) {
   g.ids.push_back(fork);
   g.keys.push_back(cache.keys(fork));
   g.values.push_back(cache.values(fork));
-  ASSERT_EQ(cache.length(g.ids[3]), 1290);  // the parent is unchanged by its fork's append
+  ASSERT_EQ(cache.length(g.ids[3]), 530);  // the parent is unchanged by its fork's append
   EXPECT_TRUE(all_close(cache.keys(g.ids[3]), g.keys[3], 0.0));
 
   const std::vector<std::size_t> batch_of{4, 0, 3, 1, 2, 0};  // the fork first, sequence 0 twice
@@ -204,7 +205,7 @@ void check_against_per_sequence(Index page_rows, std::uint64_t seed) {
 }
 
 TEST(PagedAttention, EqualsEachSequencesOwnCallFloat) {
-  for (const Index page_rows : {16, 64, 256, 512}) check_against_per_sequence<float, float>(page_rows, 11);
+  for (const Index page_rows : {16, 256, 512}) check_against_per_sequence<float, float>(page_rows, 11);
 }
 
 TEST(PagedAttention, EqualsEachSequencesOwnCallDouble) {
@@ -213,13 +214,12 @@ TEST(PagedAttention, EqualsEachSequencesOwnCallDouble) {
 
 TEST(PagedAttention, EqualsEachSequencesOwnCallSixteenBit) {
   check_against_per_sequence<float, bfloat16>(256, 13);
-  check_against_per_sequence<float, bfloat16>(64, 14);
-  check_against_per_sequence<float, float16>(256, 15);
+  check_against_per_sequence<float, float16>(64, 15);
 }
 
 TEST(PagedAttention, EqualsEachSequencesOwnCallInt8) {
   check_against_per_sequence<float, std::int8_t>(256, 16);
-  check_against_per_sequence<float, std::int8_t>(128, 17);
+  check_against_per_sequence<float, std::int8_t>(32, 17);
 }
 
 TEST(PagedAttention, ReadsConsecutivePagesAsTheContiguousCallDoes) {
