@@ -6,6 +6,7 @@
 #include <selfattn/selfattn.hpp>
 
 #include "support/compare.hpp"
+#include "support/level_copy.hpp"
 #include "support/random.hpp"
 #include "support/sanitizers.hpp"
 #include "support/scalars.hpp"

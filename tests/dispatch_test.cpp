@@ -13,6 +13,7 @@
 #include <selfattn/detail/dispatch.hpp>
 
 #include "support/random.hpp"
+#include "support/sanitizers.hpp"
 
 #include <gtest/gtest.h>
 
@@ -85,6 +86,10 @@ TEST(Dispatch, CallsRunTheSelectedLevel) {
   EXPECT_EQ(detail::fused_lanes<float>(), expected) << to_string(level);
   EXPECT_EQ(detail::fused_lanes<double>(), detail::FusedTiles<double>::lanes);  // double is never dispatched
 }
+
+/// The seeds 1..seeds(n) of a sweep: all n in an ordinary build, a quarter under a sanitizer (sanitizers.hpp), which
+/// still take every mask kind (seed % 3) and both masks of the general decode path (seed % 2).
+std::uint64_t seeds(long n) { return static_cast<std::uint64_t>(test::sweep_cases(n)); }
 
 /// One random problem: inputs, options, and the float64 reference of its forward and backward.
 struct Problem {
@@ -178,7 +183,7 @@ void check_level(const char* name, const Problem& p, const LevelResult& first, c
 }
 
 TEST(Dispatch, EveryLevelOfThisCpuMatchesTheReference) {
-  for (std::uint64_t seed = 1; seed <= 24; ++seed) {
+  for (std::uint64_t seed = 1; seed <= seeds(24); ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     const Problem p = make_problem(seed);
     const auto generic = [&] {
@@ -287,7 +292,7 @@ Tensor<float, 4> decode_at_level(const DecodeProblem<KV>& p, Run run) {
 template <typename KV>
 void check_decode_levels(double tolerance) {
   using detail::DecodePath;
-  for (std::uint64_t seed = 1; seed <= 18; ++seed) {
+  for (std::uint64_t seed = 1; seed <= seeds(18); ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     for (const DecodePath path : {DecodePath::general, DecodePath::grouped, DecodePath::streaming}) {
       SCOPED_TRACE(path == DecodePath::general ? "general" : path == DecodePath::grouped ? "grouped" : "streaming");
@@ -390,7 +395,7 @@ Tensor<float, 2> few_rows_at_level(const Tensor<float, 2>& x, const Tensor<W, 2>
 /// S bitwise equal to the same values stored as float (the widening is exact and the order of the sums the same).
 template <typename S>
 void check_few_rows_levels() {
-  for (std::uint64_t seed = 1; seed <= 24; ++seed) {
+  for (std::uint64_t seed = 1; seed <= seeds(24); ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     const FewRowsProblem<S> p = make_few_rows_problem<S>(seed);
     const auto check = [&](const char* name, auto run) {

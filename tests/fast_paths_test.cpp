@@ -12,6 +12,7 @@
 
 #include "support/brute_force.hpp"
 #include "support/compare.hpp"
+#include "support/level_copy.hpp"
 #include "support/random.hpp"
 #include "support/sanitizers.hpp"
 #include "support/scalars.hpp"

@@ -17,6 +17,7 @@
 
 #include "support/compare.hpp"
 #include "support/expect_error.hpp"
+#include "support/level_copy.hpp"
 #include "support/module_config.hpp"
 #include "support/random.hpp"
 #include "support/sanitizers.hpp"

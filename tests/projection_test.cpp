@@ -5,6 +5,7 @@
 
 #include "support/compare.hpp"
 #include "support/expect_error.hpp"
+#include "support/level_copy.hpp"
 #include "support/random.hpp"
 #include "support/sanitizers.hpp"
 #include "support/scalars.hpp"

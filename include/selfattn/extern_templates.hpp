@@ -10,7 +10,8 @@
 /// `RMSNorm` (their base), `TransformerLayer` and `TransformerStack` of `<float>` / `<double>`, are declared here
 /// as instantiated elsewhere, so a translation unit that includes this header compiles none of the kernels. So are
 /// the kernels behind 16-bit storage: the forward on bfloat16 / float16 q, k, v, the forward and decode on 16-bit keys
-/// and values (a 16-bit KV cache) and the projections by 16-bit weights.
+/// and values (a 16-bit KV cache) and the projections by 16-bit weights; and the forward and decode on int8 keys and
+/// values (an int8 KV cache, a paged one included).
 /// Exactly one .cpp file of the program includes <selfattn/instantiate.hpp>, which defines them:
 /// \code
 /// // attention.cpp, the one translation unit that compiles the kernels:
@@ -45,6 +46,7 @@ SELFATTN_DETAIL_EXPLICIT_INSTANTIATIONS(extern template, float);
 SELFATTN_DETAIL_EXPLICIT_INSTANTIATIONS(extern template, double);
 SELFATTN_DETAIL_SIXTEEN_BIT_INSTANTIATIONS(extern template, bfloat16);
 SELFATTN_DETAIL_SIXTEEN_BIT_INSTANTIATIONS(extern template, float16);
+SELFATTN_DETAIL_STORED_KV_INSTANTIATIONS(extern template, std::int8_t);
 SELFATTN_DETAIL_LEVEL_INSTANTIATIONS(extern template, detail);
 #if SELFATTN_DISPATCH_X86
 SELFATTN_DETAIL_LEVEL_INSTANTIATIONS(extern template, detail::isa_avx2);

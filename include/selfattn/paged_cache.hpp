@@ -125,7 +125,9 @@ class PagedKVCache {
     if (n == 0) return;
     const Index partial = s.length % shape_.page_rows;  // rows in use of the last page
     const bool copies = partial > 0 && shares_[static_cast<std::size_t>(s.pages.back())] > 1;
-    const Index needed = pages_needed({sequence}, n);
+    // A single sequence's need (pages_needed's rule for one holder, without its lists): its new pages, and a copy of
+    // its last page where that is shared and partly used.
+    const Index needed = pages_for(s.length + n) - static_cast<Index>(s.pages.size()) + (copies ? 1 : 0);
     if (needed > free_pages())
       throw std::length_error(std::string(fn) + ": the pool has " + std::to_string(free_pages()) +
                               " free pages, appending " + std::to_string(n) + " tokens to sequence " +

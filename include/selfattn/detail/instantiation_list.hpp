@@ -111,37 +111,40 @@
   KEYWORD class TransformerDecoderLayer<T>;                                                                            \
   KEYWORD class TransformerStack<T>
 
+// The forward and the decode kernel on keys and values stored as KV (bfloat16, float16, int8 with block scales;
+// computed in float): a 16-bit or int8 KV cache.
+#define SELFATTN_DETAIL_STORED_KV_INSTANTIATIONS(KEYWORD, KV)                                                          \
+  KEYWORD void detail::run_forward_stored<float, KV>(                                                                  \
+      const detail::AttentionParams<float, KV>&, const AttentionOptions<float>&, const detail::ForwardOutputs<float>&, \
+      AttentionWorkspace<float>&);                                                                                     \
+  KEYWORD void detail::decode_forward<float, KV>(const detail::AttentionParams<float, KV>&,                            \
+                                                 const detail::ForwardOutputs<float>&, detail::DecodePath,             \
+                                                 detail::DecodeScratch<float>&);                                       \
+  KEYWORD void detail::decode_forward<float, KV>(const detail::AttentionParams<float, KV>&,                            \
+                                                 const detail::ForwardOutputs<float>&, detail::DecodePath);            \
+  KEYWORD void detail::decode_forward<float, KV>(const detail::AttentionParams<float, KV>&,                            \
+                                                 const detail::ForwardOutputs<float>&, detail::DecodeScratch<float>&); \
+  KEYWORD void detail::decode_forward<float, KV>(const detail::AttentionParams<float, KV>&,                            \
+                                                 const detail::ForwardOutputs<float>&)
+
 // The kernels on 16-bit storage (S = bfloat16, float16; computed in float): the forward on 16-bit q, k, v, the
 // forward and decode on 16-bit keys and values (a 16-bit KV cache), and the projections by 16-bit weights. Each
 // compiles every dispatch level's kernels for S: most of a 16-bit caller's compile time without these.
-#define SELFATTN_DETAIL_SIXTEEN_BIT_INSTANTIATIONS(KEYWORD, S)                                                     \
-  KEYWORD void detail::run_forward_half<S>(const TensorView<const S, 4>&, const TensorView<const S, 4>&,          \
-                                           const TensorView<const S, 4>&, const TensorView<S, 4>&,                \
-                                           const TensorView<float, 3>&, const TensorView<float, 4>&,              \
-                                           const AttentionOptions<float>&, AttentionWorkspace<float>&);           \
-  KEYWORD void detail::run_forward_stored<float, S>(const detail::AttentionParams<float, S>&,                     \
-                                                    const AttentionOptions<float>&,                              \
-                                                    const detail::ForwardOutputs<float>&, AttentionWorkspace<float>&); \
-  KEYWORD void detail::decode_forward<float, S>(const detail::AttentionParams<float, S>&,                         \
-                                                const detail::ForwardOutputs<float>&, detail::DecodePath,         \
-                                                detail::DecodeScratch<float>&);                                   \
-  KEYWORD void detail::decode_forward<float, S>(const detail::AttentionParams<float, S>&,                         \
-                                                const detail::ForwardOutputs<float>&, detail::DecodePath);        \
-  KEYWORD void detail::decode_forward<float, S>(const detail::AttentionParams<float, S>&,                         \
-                                                const detail::ForwardOutputs<float>&, detail::DecodeScratch<float>&); \
-  KEYWORD void detail::decode_forward<float, S>(const detail::AttentionParams<float, S>&,                         \
-                                                const detail::ForwardOutputs<float>&);                            \
+#define SELFATTN_DETAIL_SIXTEEN_BIT_INSTANTIATIONS(KEYWORD, S)                                                        \
+  KEYWORD void detail::run_forward_half<S>(const TensorView<const S, 4>&, const TensorView<const S, 4>&,              \
+                                           const TensorView<const S, 4>&, const TensorView<S, 4>&,                    \
+                                           const TensorView<float, 3>&, const TensorView<float, 4>&,                  \
+                                           const AttentionOptions<float>&, AttentionWorkspace<float>&);               \
+  SELFATTN_DETAIL_STORED_KV_INSTANTIATIONS(KEYWORD, S);                                                               \
   KEYWORD void detail::linear_into_stored<float, S>(const TensorView<const float, 3>&, const TensorView<const S, 2>&, \
-                                                    const TensorView<const S, 1>&, const TensorView<float, 3>&,  \
-                                                    detail::StackedProjection<float>&);                          \
-  KEYWORD void detail::fused_qkv_projection_into<float, S>(const TensorView<const float, 3>&,                    \
-                                                           const std::array<TensorView<const S, 2>, 3>&,         \
-                                                           const std::array<TensorView<const S, 1>, 3>&,         \
-                                                           const TensorView<float, 3>&,                          \
-                                                           detail::StackedProjection<float>&)
+                                                    const TensorView<const S, 1>&, const TensorView<float, 3>&,       \
+                                                    detail::StackedProjection<float>&);                               \
+  KEYWORD void detail::fused_qkv_projection_into<float, S>(                                                           \
+      const TensorView<const float, 3>&, const std::array<TensorView<const S, 2>, 3>&,                                \
+      const std::array<TensorView<const S, 1>, 3>&, const TensorView<float, 3>&, detail::StackedProjection<float>&)
 // The float kernels of one dispatch level (LEVEL: detail, the generic level; detail::isa_avx2; detail::isa_avx512),
 // which dispatch.hpp's entries above call: the fused forward and backward, the decode kernel's paths (keys and values
-// of float or 16 bits) and the projection of a few rows. A caller that names a level itself compiles them again
+// of float, 16 bits or int8) and the projection of a few rows. A caller that names a level itself compiles them again
 // without these: tests/dispatch_test.cpp, which runs every level in one process, took 69 CPU s at g++ -O2, 8 with them.
 #define SELFATTN_DETAIL_LEVEL_DECODE(KEYWORD, LEVEL, KV)                                                        \
   KEYWORD void LEVEL::run_decode_path<float, KV>(detail::DecodePath, const detail::AttentionParams<float, KV>&, \
@@ -156,6 +159,7 @@
   SELFATTN_DETAIL_LEVEL_DECODE(KEYWORD, LEVEL, float);                                                               \
   SELFATTN_DETAIL_LEVEL_DECODE(KEYWORD, LEVEL, bfloat16);                                                            \
   SELFATTN_DETAIL_LEVEL_DECODE(KEYWORD, LEVEL, float16);                                                             \
+  SELFATTN_DETAIL_LEVEL_DECODE(KEYWORD, LEVEL, std::int8_t);                                                         \
   KEYWORD void LEVEL::linear_few_rows<float, float>(                                                                 \
       const std::array<const float*, detail::few_rows_max>&, const std::array<float*, detail::few_rows_max>&, Index, \
       Index, const TensorView<const float, 2>&, const TensorView<const float, 1>&)
